@@ -1,0 +1,1 @@
+"""xbackend's builtin NVIDIA backend (loaded through the ``xbackend`` entry-point group)."""

@@ -1,0 +1,7 @@
+"""The NVIDIA impl records (filled as kernels land)."""
+
+from __future__ import annotations
+
+import xbackend
+
+IMPLS: list[xbackend.Impl] = []

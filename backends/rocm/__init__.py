@@ -1,0 +1,1 @@
+"""xbackend's builtin AMD backend (loaded through the ``xbackend`` entry-point group)."""

@@ -1,0 +1,13 @@
+"""AMD impls: the shared Triton kernels launched with CDNA configs, and AITER's rms_norm (seed 002)."""
+
+from __future__ import annotations
+
+import xbackend
+
+
+@xbackend.hookimpl
+def xbackend_register_impls(registrar: xbackend.Registrar) -> None:
+    from . import impls
+
+    for impl in impls.IMPLS:
+        registrar.register(impl)

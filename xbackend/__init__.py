@@ -1,0 +1,41 @@
+"""xbackend: one registry of diffusion hot ops, vendor plugins that implement them, a resolver that
+explains itself, and a guard that proves every fast path against the reference on first use."""
+
+from __future__ import annotations
+
+import pluggy
+
+from ._api import Op, Plan, Report, get_op, list_ops, plan, report
+from ._device import Device
+from ._policy import quality, use
+from ._precision import EXACT, Precision, tolerance, ulp
+from ._registry import Impl, Registrar, RegistrationError
+from ._runtime import ImplUnusableError, Runtime, runtime
+
+hookimpl = pluggy.HookimplMarker("xbackend")
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EXACT",
+    "Device",
+    "Impl",
+    "ImplUnusableError",
+    "Op",
+    "Plan",
+    "Precision",
+    "Registrar",
+    "RegistrationError",
+    "Report",
+    "Runtime",
+    "get_op",
+    "hookimpl",
+    "list_ops",
+    "plan",
+    "quality",
+    "report",
+    "runtime",
+    "tolerance",
+    "ulp",
+    "use",
+]

@@ -1,0 +1,170 @@
+"""What callers use: ``get_op``, ``list_ops``, ``plan`` and ``report``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._device import Device
+from ._opspec import OpSpec
+from ._policy import current_policy
+from ._runtime import runtime
+from .ops import OPS
+
+__all__ = ["Op", "get_op", "list_ops", "plan", "Plan", "PlanRow", "report", "Report"]
+
+
+class Op:
+    """A callable abstract op. Eager calls go straight to the runtime's per-key dispatch; under
+    ``torch.compile`` (or when autograd needs to record) the call goes through the op's
+    ``torch.library`` custom op, one opaque node with a fake impl, so graphs never break."""
+
+    __slots__ = ("spec", "_bind", "_custom_op")
+
+    def __init__(self, spec: OpSpec) -> None:
+        self.spec = spec
+        self._bind = spec.bind
+        self._custom_op = spec.custom_op
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        a = self._bind(*args, **kwargs)
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and self.spec.needs_grad(a)):
+            return self._custom_op(*a)
+        from ._runtime import _current
+
+        return (_current or runtime()).dispatch(self.spec, a)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __repr__(self) -> str:
+        return f"<xbackend op {self.spec.signature}>"
+
+
+_OPS = {name: Op(spec) for name, spec in OPS.items()}
+
+
+def get_op(name: str) -> Op:
+    """The op called ``name`` (see ``list_ops()``)."""
+    op = _OPS.get(name)
+    if op is None:
+        raise KeyError(f"get_op: unknown op {name!r}; expected one of {', '.join(_OPS)}")
+    return op
+
+
+def list_ops() -> list[str]:
+    return list(_OPS)
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    impl: str
+    backend: str
+    priority: int
+    precision: str
+    chosen: bool
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    op: str
+    device: Device
+    quality: str
+    inputs: str
+    rows: tuple[PlanRow, ...]
+
+    @property
+    def chosen(self) -> PlanRow:
+        return next(r for r in self.rows if r.chosen)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "device": {"vendor": self.device.vendor, "arch": self.device.arch, "name": self.device.name,
+                       "simulated": self.device.simulated},
+            "quality": self.quality,
+            "inputs": self.inputs,
+            "chosen": self.chosen.impl,
+            "candidates": [r.__dict__ for r in self.rows],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"{self.op} on {self.device} [quality={self.quality}; {self.inputs}]"]
+        for r in self.rows:
+            mark = "->" if r.chosen else "  "
+            status = "chosen" if r.chosen else (r.reason or "eligible, lower priority")
+            lines.append(f"  {mark} {r.backend + ':' + r.impl:<34} prio {r.priority:>6}  {r.precision:<22} {status}")
+        return "\n".join(lines)
+
+
+def plan(
+    op: str,
+    device: str | torch.device | Device = "cpu",
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    args: tuple[Any, ...] | None = None,
+    quality: str | None = None,
+    assume_available: bool = False,
+) -> Plan:
+    """Ordered candidates for ``op`` on ``device`` (a real device or a simulated target such as
+    ``"sm100"``/``"gfx950"``), each chosen or rejected with a one-line reason.
+
+    Without ``args``, a representative input of ``dtype`` (meta tensors) is used. For a simulated
+    target, packages are checked on this host; ``assume_available=True`` plans as if every impl's
+    dependencies were installed there.
+    """
+    rt = runtime()
+    spec = get_op(op).spec
+    dev = rt.device(device)
+    if args is None:
+        args = spec.example(dtype, torch.device("meta"))
+    else:
+        args = spec.bind(*args)
+        spec.check(*args)
+    tier, forced = current_policy()
+    policy = (quality or tier, forced)
+    if quality is not None:
+        from ._precision import QUALITY_TIERS
+
+        if quality not in QUALITY_TIERS:
+            raise ValueError(f"plan: quality expected one of {', '.join(QUALITY_TIERS)}, got {quality!r}")
+    decisions = rt.decide(spec, args, dev, policy, assume_available=assume_available)
+    chosen = next(i for i, d in enumerate(decisions) if d.reason is None)
+    from ._opspec import describe_args
+
+    rows = tuple(
+        PlanRow(d.impl.name, d.impl.backend, d.impl.priority if d.impl.priority > -(2**31) else -1,
+                str(d.impl.precision), i == chosen, d.reason)
+        for i, d in enumerate(decisions)
+    )
+    return Plan(op, dev, policy[0], describe_args(args), rows)
+
+
+@dataclass(frozen=True)
+class Report:
+    events: tuple[Any, ...]
+
+    def to_dict(self) -> list[dict[str, str]]:
+        return [e.__dict__ for e in self.events]
+
+    def __str__(self) -> str:
+        if not self.events:
+            return "xbackend report: no op has run yet"
+        lines = ["xbackend report: op / input / impl / status"]
+        for e in self.events:
+            detail = f" ({e.detail})" if e.detail else ""
+            lines.append(f"  {e.op:<22} {e.key:<48} {e.impl:<28} {e.status}{detail}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def report() -> Report:
+    """What ran, what was verified, and what failed and fell back, in order of first use."""
+    return Report(tuple(runtime().events))

@@ -1,0 +1,135 @@
+"""Impl records and the registry plugins fill through the ``xbackend_register_impls`` hook."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._device import Device, DeviceSpec
+from ._precision import EXACT, Precision
+
+__all__ = ["Impl", "Registry", "Registrar", "RegistrationError"]
+
+_IMPORTED: dict[str, Callable[..., Any]] = {}
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+class RegistrationError(ValueError):
+    """A plugin tried to register something the registry cannot accept."""
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of one op.
+
+    ``fn`` takes the op's normalized arguments (see each op's ``bind``). ``fn`` and ``supports`` may be
+    given as ``"package.module:function"`` strings, imported on first use, so registering an impl
+    never imports triton or a vendor library. ``supports`` takes the same
+    arguments and returns None or a short reason it cannot take them; it sees shapes, strides and
+    dtypes only (it also runs on meta tensors when planning for a simulated device). ``available``
+    returns None or why the impl cannot run on this host at all (a missing package, a failed build);
+    it is called once and cached.
+    """
+
+    op: str
+    name: str
+    fn: Callable[..., torch.Tensor] | str
+    priority: int = 0
+    devices: str = "*"
+    dtypes: frozenset[torch.dtype] = FLOAT_DTYPES
+    precision: Precision = EXACT
+    supports: Callable[..., str | None] | str | None = None
+    available: Callable[[], str | None] | None = None
+    description: str = ""
+    backend: str = ""
+    device_specs: tuple[DeviceSpec, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_specs", DeviceSpec.parse(self.devices))
+        object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+
+    def resolved(self, field_name: str) -> Callable[..., Any] | None:
+        """``fn`` or ``supports`` as a callable, importing a ``"module:attr"`` string once."""
+        value = getattr(self, field_name)
+        if not isinstance(value, str):
+            return value
+        cached = _IMPORTED.get(value)
+        if cached is None:
+            module, _, attr = value.partition(":")
+            cached = _IMPORTED[value] = getattr(importlib.import_module(module), attr)
+        return cached
+
+    def runs_on(self, device: Device) -> bool:
+        return any(spec.matches(device) for spec in self.device_specs)
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.backend}:{self.name}" if self.backend else self.name
+
+
+class Registry:
+    """Impls per op, highest priority first. The reference is appended by the runtime, last."""
+
+    def __init__(self, op_names: Iterable[str]) -> None:
+        self._impls: dict[str, list[Impl]] = {name: [] for name in op_names}
+
+    def add(self, impl: Impl) -> None:
+        if impl.op not in self._impls:
+            known = ", ".join(sorted(self._impls))
+            raise RegistrationError(
+                f"plugin {impl.backend!r} registered impl {impl.name!r} for unknown op {impl.op!r}; "
+                f"known ops: {known}"
+            )
+        for other in self._impls[impl.op]:
+            if other.name == impl.name:
+                raise RegistrationError(
+                    f"plugin {impl.backend!r} registered impl {impl.name!r} for op {impl.op!r}, "
+                    f"a name plugin {other.backend!r} already registered; impl names are unique per op"
+                )
+        impls = self._impls[impl.op]
+        impls.append(impl)
+        impls.sort(key=lambda i: -i.priority)  # stable: equal priorities keep registration order
+
+    def snapshot(self) -> dict[str, list[Impl]]:
+        return {op: list(impls) for op, impls in self._impls.items()}
+
+    def restore(self, snapshot: dict[str, list[Impl]]) -> None:
+        self._impls = {op: list(impls) for op, impls in snapshot.items()}
+
+    def impls(self, op: str) -> list[Impl]:
+        return list(self._impls[op])
+
+    def ops(self) -> list[str]:
+        return list(self._impls)
+
+
+class Registrar:
+    """What a plugin's ``xbackend_register_impls`` receives: registers impls under the plugin's name."""
+
+    def __init__(self, registry: Registry, plugin_name: str) -> None:
+        self._registry = registry
+        self.plugin_name = plugin_name
+        self.added: list[Impl] = []
+
+    def register(self, impl: Impl | None = None, /, **fields: object) -> Impl:
+        """``register(Impl(...))`` or ``register(op=..., name=..., fn=..., ...)``."""
+        if impl is None:
+            impl = Impl(**fields)  # type: ignore[arg-type]
+        elif fields:
+            raise TypeError("register() takes an Impl or keyword fields, not both")
+        if impl.backend and impl.backend != self.plugin_name:
+            raise RegistrationError(
+                f"plugin {self.plugin_name!r} registered impl {impl.name!r} claiming backend {impl.backend!r}"
+            )
+        impl = Impl(**{**_fields(impl), "backend": self.plugin_name})
+        self._registry.add(impl)
+        self.added.append(impl)
+        return impl
+
+
+def _fields(impl: Impl) -> dict[str, object]:
+    return {f: getattr(impl, f) for f in impl.__dataclass_fields__ if f != "device_specs"}

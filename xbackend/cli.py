@@ -1,0 +1,104 @@
+"""``xbackend info | plan | bench`` — what this machine (or a simulated one) will run, and how fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+import torch
+
+from ._api import list_ops, plan
+from ._device import SIMULATED_TARGETS, TARGET_ALIASES
+from ._runtime import runtime
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "fp32": torch.float32, "float32": torch.float32}
+
+
+def _devices() -> list[torch.device]:
+    if torch.cuda.is_available():
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [torch.device("cpu")]
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    rt = runtime()
+    backend = f"ROCm {torch.version.hip}" if torch.version.hip else (f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build")
+    print(f"xbackend {__import__('xbackend').__version__} | torch {torch.__version__} ({backend}) | Python {platform.python_version()}")
+    print("\nDevices:")
+    for d in _devices():
+        print(f"  {d}: {rt.device(d)}")
+    if not torch.cuda.is_available():
+        print("  (no GPU visible: only CPU impls run here; `xbackend plan --device sm90|sm100|gfx950` plans for one)")
+    print("\nPlugins:")
+    for status in rt.plugins.values():
+        state = f"FAILED: {status.error}" if status.error else f"{len(status.impls)} impls"
+        print(f"  {status.name:<10} {state}  [{status.source}]")
+    for lines in rt.pm.hook.xbackend_report_header(runtime=rt):
+        for line in lines or ():
+            print(f"  {line}")
+    for d in _devices():
+        print(f"\nPlan on {d} (representative bf16 inputs):")
+        for op in list_ops():
+            print(_indent(str(plan(op, d, dtype=_DTYPES[args.dtype]))))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    ops = args.op or list_ops()
+    plans = [plan(op, args.device, dtype=_DTYPES[args.dtype], quality=args.quality, assume_available=args.assume_available)
+             for op in ops]
+    if args.json:
+        print(json.dumps([p.to_dict() for p in plans], indent=2))
+    else:
+        print("\n".join(str(p) for p in plans))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xbackend", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="device probe, plugins, and what each op runs here")
+    info.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    info.set_defaults(func=cmd_info)
+    targets = sorted(SIMULATED_TARGETS) + sorted(TARGET_ALIASES)
+    p = sub.add_parser("plan", help="what each op would run on a device (real or simulated)")
+    p.add_argument("--device", default="cpu", help=f"a torch device (cuda:1) or a target: {' '.join(targets)}")
+    p.add_argument("--op", action="append", choices=list_ops(), help="repeat for several; default all")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    p.add_argument("--quality", choices=["lossless", "high", "fast"], default=None)
+    p.add_argument("--assume-available", action="store_true", help="plan as if every impl's packages were installed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+    b = sub.add_parser("bench", help="benchmark ops against eager, torch.compile and copy_ (GPU)")
+    b.add_argument("ops", nargs="*", help="ops to bench; default all pointwise ops")
+    b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--png", help="also write a bar chart to this PNG path (needs matplotlib)")
+    b.add_argument("--json", help="also write the rows to this JSON path")
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, KeyError) as e:
+        print(f"xbackend: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

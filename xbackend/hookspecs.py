@@ -1,0 +1,60 @@
+"""Every hook an xbackend plugin can implement.
+
+A plugin is a module (or object) exposing functions named after these specs and decorated with
+``xbackend.hookimpl``. Plugins are found through the ``xbackend`` entry-point group; the builtin
+CUDA and ROCm backends are found exactly the same way. Hook functions may declare any subset of a
+spec's arguments, as in pluggy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._device import Device
+    from ._registry import Registrar
+    from ._runtime import Runtime
+
+hookspec = pluggy.HookspecMarker("xbackend")
+
+
+@hookspec
+def xbackend_register_impls(registrar: Registrar) -> None:
+    """Register this plugin's implementations.
+
+    Call ``registrar.register(op=..., name=..., fn=..., priority=..., devices=..., dtypes=...,
+    precision=..., supports=..., available=...)`` once per impl (see :class:`xbackend.Impl`).
+    Impls are recorded under the plugin's name. Registering for an op the core does not know, or
+    reusing an impl name for the same op, raises :class:`xbackend.RegistrationError`; the plugin is
+    then reported as failed and none of its impls are kept. Keep this hook cheap: import heavy
+    dependencies (triton, vendor libraries) inside ``fn`` or ``available``, not here.
+    """
+
+
+@hookspec(firstresult=True)
+def xbackend_probe_device(device: torch.device) -> Device | None:
+    """Describe ``device`` (vendor, arch, name, index), or return None to leave it to the next plugin.
+
+    The core's own probe handles CUDA, ROCm and CPU and runs when no plugin answers. A plugin for a
+    new device type answers for its own devices only. The first non-None result wins and is cached
+    per device for the life of the runtime.
+    """
+
+
+@hookspec
+def xbackend_simulated_targets() -> dict[str, Device]:
+    """Extra planning targets, keyed by name (``{"gfx1201": Device("rocm", "gfx1201", ...)}``).
+
+    ``xbackend.plan(op, device=name)`` and ``xbackend plan --device name`` accept them beside the
+    builtin ``sm80 sm90 sm100 sm103 sm120 gfx942 gfx950 cpu``. Devices returned here should have
+    ``simulated=True``.
+    """
+
+
+@hookspec
+def xbackend_report_header(runtime: Runtime) -> list[str] | None:
+    """Lines this plugin adds to ``xbackend info`` (library versions, build caches, notes)."""

@@ -1,0 +1,97 @@
+"""rmsnorm(x, weight=None, eps=1e-6, flavour="torch") — RMS normalization over the last dim.
+
+Two flavours exist in the wild and models depend on their exact rounding (design.md §3):
+``torch`` is ``F.rms_norm`` (fp32 accumulate, one rounding of ``x*rstd*w``); ``diffusers`` is
+diffusers' ``RMSNorm.forward`` (fp32 statistics, round to the weight dtype, then a second rounding
+after ``*w``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import _checks as chk
+from .._opspec import OpSpec, register_reference_autograd, tensor_sig
+
+NAME = "rmsnorm"
+FLAVOURS = ("torch", "diffusers")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+# -- signature and checks ------------------------------------------------------------------------
+def bind(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, flavour: str = "torch") -> tuple[Any, ...]:
+    return (x, weight, eps, flavour)
+
+
+def check(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str, op: str = NAME) -> None:
+    chk.tensor(op, "x", x)
+    if x.shape[-1] == 0:
+        raise chk.fail(op, "x", "a last (normalized) dimension of size >= 1", chk.shape_str(x))
+    check_weight(op, x, weight)
+    chk.real_number(op, "eps", eps, minimum=0.0)
+    chk.choice(op, "flavour", flavour, FLAVOURS)
+
+
+def check_weight(op: str, x: torch.Tensor, weight: torch.Tensor | None) -> None:
+    if weight is None:
+        return
+    chk.tensor(op, "weight", weight)
+    if tuple(weight.shape) != (x.shape[-1],):
+        raise chk.fail(op, "weight", f"shape [{x.shape[-1]}] (the last dim of 'x')", chk.shape_str(weight))
+    chk.same_dtype_device(op, "weight", weight, x, "x")
+
+
+# -- reference -----------------------------------------------------------------------------------
+def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+    if flavour == "torch":
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    # diffusers.models.normalization.RMSNorm.forward, operation for operation.
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    h = x * torch.rsqrt(variance + eps)
+    if weight is None:
+        return h.to(x.dtype)
+    if weight.dtype in _HALF:
+        h = h.to(weight.dtype)
+    return h * weight
+
+
+# -- key and planning example --------------------------------------------------------------------
+def key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
+    return (tensor_sig(x), tensor_sig(weight), eps, flavour)
+
+
+def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    x = torch.empty(1, 4096, 3072, dtype=dtype, device=device)
+    return (x, torch.empty(3072, dtype=dtype, device=device), 1e-6, "torch")
+
+
+# -- custom op (one opaque node for torch.compile) -------------------------------------------------
+@torch.library.custom_op("xbackend::rmsnorm", mutates_args=())
+def rmsnorm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+    from .._runtime import dispatch
+
+    return dispatch(SPEC, (x, weight, eps, flavour))
+
+
+@rmsnorm_op.register_fake
+def _fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+    check(x, weight, eps, flavour)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+register_reference_autograd(rmsnorm_op, reference, (0, 1))
+
+SPEC = OpSpec(
+    name=NAME,
+    bind=bind,
+    check=check,
+    reference=reference,
+    key=key,
+    example=example,
+    custom_op=rmsnorm_op,
+    tensor_args=(0, 1),
+    signature='rmsnorm(x, weight=None, eps=1e-6, flavour="torch")',
+)

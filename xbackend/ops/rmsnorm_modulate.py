@@ -1,0 +1,85 @@
+"""rmsnorm_modulate(x, scale, shift, weight=None, eps=1e-6, flavour="torch") — the adaLN site of a DiT
+block: ``rmsnorm(x) * (1 + scale) + shift``, each step rounded to the dtype as eager PyTorch does.
+
+scale and shift broadcast to x: ``[B,1,D]``, ``[B,L,D]``, ``[D]``, ``[1,..,1,D]``, and the DiffVAE's
+``[B,1,1,1,D]`` on a 5-D x.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _checks as chk
+from .._opspec import OpSpec, register_reference_autograd, tensor_sig
+from . import rmsnorm as _rmsnorm
+
+NAME = "rmsnorm_modulate"
+
+
+# -- signature and checks ------------------------------------------------------------------------
+def bind(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    flavour: str = "torch",
+) -> tuple[Any, ...]:
+    return (x, scale, shift, weight, eps, flavour)
+
+
+def check(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> None:
+    _rmsnorm.check(x, weight, eps, flavour, op=NAME)
+    for name, t in (("scale", scale), ("shift", shift)):
+        chk.tensor(NAME, name, t)
+        chk.same_dtype_device(NAME, name, t, x, "x")
+        chk.broadcasts_to(NAME, name, t, x.shape, "x")
+
+
+# -- reference -----------------------------------------------------------------------------------
+def reference(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+    return _rmsnorm.reference(x, weight, eps, flavour) * (1 + scale) + shift
+
+
+# -- key and planning example --------------------------------------------------------------------
+def key(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
+    return (tensor_sig(x), tensor_sig(scale), tensor_sig(shift), tensor_sig(weight), eps, flavour)
+
+
+def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    x = torch.empty(1, 4096, 3072, dtype=dtype, device=device)
+    mod = torch.empty(1, 1, 3072, dtype=dtype, device=device)
+    return (x, mod, mod, None, 1e-6, "diffusers")
+
+
+# -- custom op -----------------------------------------------------------------------------------
+@torch.library.custom_op("xbackend::rmsnorm_modulate", mutates_args=())
+def rmsnorm_modulate_op(
+    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str
+) -> torch.Tensor:
+    from .._runtime import dispatch
+
+    return dispatch(SPEC, (x, scale, shift, weight, eps, flavour))
+
+
+@rmsnorm_modulate_op.register_fake
+def _fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+    check(x, scale, shift, weight, eps, flavour)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+register_reference_autograd(rmsnorm_modulate_op, reference, (0, 1, 2, 3))
+
+SPEC = OpSpec(
+    name=NAME,
+    bind=bind,
+    check=check,
+    reference=reference,
+    key=key,
+    example=example,
+    custom_op=rmsnorm_modulate_op,
+    tensor_args=(0, 1, 2, 3),
+    signature='rmsnorm_modulate(x, scale, shift, weight=None, eps=1e-6, flavour="torch")',
+)
