@@ -1,0 +1,272 @@
+"""gated_residual kernels (Triton, CUDA C++) against eager ``x + update * gate``.
+
+On CPU the Triton kernel runs under TRITON_INTERPRET=1. The interpreter computes fp32 and fp16
+exactly like eager (separate fp32 multiply and add, round-to-nearest fp16), so those are compared
+with torch.equal; its fp32->bf16 cast truncates, so bf16 is compared within one bf16 rounding.
+Bit-exactness of every dtype, and the CUDA C++ kernel, are checked by the GPU tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+from xbackend.kernels import cuda_gated_residual as cuda_gr
+from xbackend.kernels import triton_gated_residual as triton_gr
+from xbackend.kernels._gated_residual_layout import GateLayout, analyze
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def _rand(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator, device: str = "cpu") -> torch.Tensor:
+    return torch.randn(shape, generator=gen, device=device).to(dtype)
+
+
+def _reference(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return x + update * gate
+
+
+def _check_close(out: torch.Tensor, x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> None:
+    ref = _reference(x, update, gate)
+    assert out.dtype == ref.dtype and out.shape == ref.shape and out.is_contiguous()
+    if ref.dtype != torch.bfloat16:
+        assert torch.equal(out, ref)
+        return
+    # The interpreter truncates where eager rounds: each of the two roundings (product, sum) may
+    # be off by one bf16 step (2**-7 relative), so bound the error by both magnitudes.
+    prod = update.double() * gate.double()
+    bound = 2**-6 * (prod.abs() + ref.double().abs()) + 1e-30
+    err = (out.double() - ref.double()).abs()
+    assert bool((err <= bound).all()), f"max excess {float((err - bound).max())}"
+
+
+# (x shape, gate shape) covering every gate form the op promises, plus awkward sizes.
+CPU_CASES = [
+    ((2, 33, 67), (2, 33, 67)),  # full, odd D
+    ((3, 17, 64), (3, 1, 64)),  # [B,1,D], B > 1
+    ((2, 33, 67), (1, 1, 67)),  # [1,1,D] on B > 1
+    ((2, 33, 67), (67,)),  # [D]
+    ((2, 33, 67), (2, 33, 1)),  # per-token
+    ((2, 6, 1), (2, 6, 1)),  # D == 1
+    ((2, 3, 4, 5, 24), (2, 1, 1, 1, 24)),  # 5-D x, DiffVAE-style gate
+    ((40,), (40,)),  # rank 1
+    ((40,), (1,)),  # rank 1, scalar gate
+    ((2, 4, 1, 16), (2, 4, 1, 1)),  # per-token over a size-1 inner dim
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("shape", "gate_shape"), CPU_CASES)
+def test_triton_gate_forms(shape: tuple[int, ...], gate_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(hash((shape, gate_shape)) % 2**31)
+    x, update, gate = _rand(shape, dtype, gen), _rand(shape, dtype, gen), _rand(gate_shape, dtype, gen)
+    assert triton_gr.supports(x, update, gate) is None
+    out = triton_gr.gated_residual(x, update, gate)
+    _check_close(out, x, update, gate)
+    assert out.data_ptr() not in (x.data_ptr(), update.data_ptr(), gate.data_ptr())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("block_d", "block_rows"),
+    [(16, 4), (32, 8), (128, 1)],  # ragged tiles; tiles straddling gate rows (L=7 not % 4 or 8)
+)
+@pytest.mark.parametrize("per_token", [False, True])
+def test_triton_launch_configs(block_d: int, block_rows: int, per_token: bool, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(7)
+    x, update = _rand((3, 7, 40), dtype, gen), _rand((3, 7, 40), dtype, gen)
+    gate = _rand((3, 7, 1) if per_token else (3, 1, 40), dtype, gen)
+    out = triton_gr.gated_residual(x, update, gate, block_d=block_d, block_rows=block_rows, num_warps=2)
+    _check_close(out, x, update, gate)
+
+
+def test_triton_full_gate_tiles_identity_rows() -> None:
+    gen = torch.Generator().manual_seed(3)
+    x, update, gate = (_rand((5, 9, 24), torch.float32, gen) for _ in range(3))
+    out = triton_gr.gated_residual(x, update, gate, block_d=8, block_rows=4)
+    assert torch.equal(out, _reference(x, update, gate))
+
+
+def test_triton_strided_gate_from_modulation_chunk() -> None:
+    """A gate sliced out of a [B, 6, D] adaLN modulation tensor has row stride 6*D."""
+    gen = torch.Generator().manual_seed(5)
+    x, update = _rand((2, 11, 48), torch.float16, gen), _rand((2, 11, 48), torch.float16, gen)
+    gate = _rand((2, 6, 48), torch.float16, gen)[:, 2:3]
+    assert not gate.is_contiguous()
+    assert torch.equal(triton_gr.gated_residual(x, update, gate), _reference(x, update, gate))
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 8), (2, 0, 8), (2, 3, 0)])
+def test_triton_empty(shape: tuple[int, ...]) -> None:
+    x = torch.empty(shape, dtype=torch.bfloat16)
+    gate = torch.empty((shape[0], 1, shape[2]), dtype=torch.bfloat16)
+    assert triton_gr.supports(x, x, gate) is None
+    out = triton_gr.gated_residual(x, x, gate)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.numel() == 0
+
+
+def test_layout_values() -> None:
+    x = torch.empty(2, 5, 64)
+    assert analyze(x, x, torch.empty(2, 1, 64)) == GateLayout(10, 64, False, 5, 64)
+    assert analyze(x, x, torch.empty(64)) == GateLayout(10, 64, False, 10, 0)
+    assert analyze(x, x, torch.empty(2, 5, 1)) == GateLayout(10, 64, True, 1, 1)
+    assert analyze(x, x, torch.empty(2, 6, 64)[:, 3:4]) == GateLayout(10, 64, False, 5, 384)
+    full = analyze(x, x, torch.empty(2, 5, 64))
+    assert isinstance(full, GateLayout) and full.full and full.inner == 1
+    assert not GateLayout(10, 64, False, 5, 64).full
+
+
+def _unsupported_cases() -> list[tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor], str]]:
+    x = torch.randn(2, 4, 8)
+    return [
+        ("int dtype", (x.int(), x.int(), x.int()), "dtype torch.int32 not supported"),
+        ("mixed dtype", (x, x, x.half()), "share one dtype"),
+        ("update shape", (x, x[:, :3], x), "update shape differs"),
+        ("x strided", (x.transpose(0, 1), x.transpose(0, 1), x[:1, :1]), "x must be contiguous"),
+        ("update strided", (x, x.transpose(1, 2).contiguous().transpose(1, 2), x[:1, :1]), "update must be"),
+        ("gate rank", (x, x, x[None]), "more dims than x"),
+        ("gate last dim", (x, x, torch.randn(2, 1, 4)), "last dim must be D or 1"),
+        ("gate last strided", (x, x, torch.randn(2, 1, 16)[..., ::2]), "last dim must be contiguous"),
+        ("inner-only broadcast", (x, x, torch.randn(1, 4, 8)), "outer dim but not an inner one"),
+        ("uneven rows", (x, x, torch.randn(4, 2, 8).transpose(0, 1)), "not evenly strided"),
+        ("not broadcastable", (x, x, torch.randn(2, 3, 8)), "does not broadcast"),
+        ("0-d", (torch.tensor(1.0), torch.tensor(1.0), torch.tensor(1.0)), "at least one dim"),
+    ]
+
+
+@pytest.mark.parametrize(("name", "args", "reason"), _unsupported_cases(), ids=lambda v: v if isinstance(v, str) else "")
+def test_supports_reasons(name: str, args: tuple[torch.Tensor, ...], reason: str) -> None:
+    for kernel in (triton_gr, cuda_gr):
+        got = kernel.supports(*args)
+        assert got is not None and reason in got, (name, kernel.__name__, got)
+    with pytest.raises(ValueError, match=reason):
+        triton_gr.gated_residual(*args)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only answers")
+def test_cuda_kernel_reports_instead_of_raising_on_cpu() -> None:
+    reason = cuda_gr.available()
+    assert isinstance(reason, str) and reason
+    x = torch.randn(2, 3, 8)
+    assert cuda_gr.supports(x, x, x[:, :1]) == "needs a CUDA tensor"
+    with pytest.raises(cuda_gr.CudaKernelUnavailable, match=reason):
+        cuda_gr.gated_residual(x, x, x[:, :1])
+
+
+def test_cuda_first_error_line_picks_the_compiler_error() -> None:
+    exc = RuntimeError("Error building extension 'x':\n[1/3] nvcc ...\nfoo.cu(3): error: identifier \"y\" is undefined\n")
+    assert cuda_gr._first_error_line(exc) == 'build failed: foo.cu(3): error: identifier "y" is undefined'
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: bit-exact (torch.equal) against eager on the same device.
+
+# Seed 001 (LTX-2.3, Ideogram 4, FLUX.2 residual-gate workloads) and seed 004 (LTX-2 block:
+# hidden 4096 video / 2048 audio, sequence 8160 / 32640).
+SEED_SHAPES = [
+    (1, 32640, 4096),
+    (1, 8160, 4096),
+    (1, 4096, 4608),
+    (1, 4608, 3072),
+    (1, 4096, 3072),
+    (1, 512, 3072),
+    (1, 126, 2048),
+    (1, 8160, 2048),
+    (1, 32640, 2048),
+]
+GATE_FORMS = ("full", "bcast", "per_token")
+
+
+def _gate_shape(shape: tuple[int, ...], form: str) -> tuple[int, ...]:
+    if form == "full":
+        return shape
+    if form == "bcast":
+        return (shape[0], *[1] * (len(shape) - 2), shape[-1])
+    return (*shape[:-1], 1)
+
+
+def _gpu_inputs(shape, gate_shape, dtype, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(_rand(s, dtype, gen, "cuda") for s in (shape, shape, gate_shape))
+
+
+def _assert_exact(kernel, x, update, gate) -> None:
+    assert kernel.supports(x, update, gate) is None
+    ref = _reference(x, update, gate)
+    out = kernel.gated_residual(x, update, gate)
+    mismatches = int((out != ref).sum())
+    assert torch.equal(out, ref), f"{mismatches} of {ref.numel()} elements differ"
+
+
+KERNELS = pytest.mark.parametrize("kernel", [triton_gr, cuda_gr], ids=["triton", "cuda"])
+
+
+@pytest.mark.gpu
+@gpu
+@KERNELS
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("form", GATE_FORMS)
+@pytest.mark.parametrize("shape", SEED_SHAPES, ids=str)
+def test_gpu_seed_shapes_exact(kernel, shape, form: str, dtype: torch.dtype) -> None:
+    _assert_exact(kernel, *_gpu_inputs(shape, _gate_shape(shape, form), dtype, seed=len(shape) + shape[1]))
+
+
+GPU_EXTRA = [
+    ((2, 4080, 4096), (2, 1, 4096)),  # B > 1 broadcast
+    ((4, 126, 2048), (1, 1, 2048)),  # [1,1,D] on B > 1
+    ((2, 4080, 3072), (2, 4080, 1)),  # per-token, B > 1
+    ((3, 77, 1001), (3, 1, 1001)),  # odd D: scalar path
+    ((3, 77, 1001), (3, 77, 1001)),
+    ((3, 77, 1001), (3, 77, 1)),
+    ((1, 127, 3072), (1, 1, 3072)),  # rows not a multiple of the row tile
+    ((2, 5, 16, 16, 512), (2, 1, 1, 1, 512)),  # 5-D x
+    ((3, 7, 5), (3, 7, 5)),  # fewer elements than a 16-byte pack per row
+    ((4097,), (4097,)),  # flat path with a tail
+]
+
+
+@pytest.mark.gpu
+@gpu
+@KERNELS
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("shape", "gate_shape"), GPU_EXTRA, ids=str)
+def test_gpu_extra_forms_exact(kernel, shape, gate_shape, dtype: torch.dtype) -> None:
+    _assert_exact(kernel, *_gpu_inputs(shape, gate_shape, dtype, seed=11))
+
+
+@pytest.mark.gpu
+@gpu
+@KERNELS
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_misaligned_and_strided_exact(kernel, dtype: torch.dtype) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    n = 2 * 300 * 1024
+    # Storage offset of one element: no 16-byte packs, the scalar path must take it.
+    x, update = (_rand((n + 1,), dtype, gen, "cuda")[1:].view(2, 300, 1024) for _ in range(2))
+    gate = _rand((2 * 1024 + 1,), dtype, gen, "cuda")[1:].view(2, 1, 1024)
+    _assert_exact(kernel, x, update, gate)
+    # Gate sliced from a [B, 6, D] modulation tensor (row stride 6*D).
+    x, update = (_rand((2, 300, 1024), dtype, gen, "cuda") for _ in range(2))
+    _assert_exact(kernel, x, update, _rand((2, 6, 1024), dtype, gen, "cuda")[:, 4:5])
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("rows_per_thread", [1, 2, 4, 8])
+def test_gpu_cuda_rows_per_thread_exact(rows_per_thread: int) -> None:
+    x, update, gate = _gpu_inputs((2, 1001, 3072), (2, 1, 3072), torch.bfloat16, seed=17)
+    out = cuda_gr.gated_residual(x, update, gate, rows_per_thread=rows_per_thread)
+    assert torch.equal(out, _reference(x, update, gate))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_available() -> None:
+    assert cuda_gr.available() is None

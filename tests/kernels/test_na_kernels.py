@@ -1,0 +1,194 @@
+"""Neighborhood-attention kernels (na_tiled_sdpa, na_flex, na_triton) against an fp32 reference.
+
+The reference here is written independently of the kernels: a dense per-axis window table (from
+the rule in the op's definition, evaluated position by position in plain Python), combined into an
+N x N mask and fed to an fp32 softmax. Sizes are tiny so N x N is cheap on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from xbackend.kernels import na_flex, na_tiled_sdpa
+
+Case = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]
+
+
+def _axis_allowed(length: int, kernel: int, dilation: int, causal: bool) -> torch.Tensor:
+    """[L, L] bool: key j is in the window of query i along one axis (the op's rule, literally)."""
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for i in range(length):
+        g, m = i % dilation, i // dilation
+        glen = len(range(g, length, dilation))
+        if causal:
+            lo, hi = max(m - kernel + 1, 0), m + 1
+        else:
+            lo = min(max(m - kernel // 2, 0), glen - kernel)
+            hi = lo + kernel
+        for mj in range(lo, hi):
+            allowed[i, g + mj * dilation] = True
+    return allowed
+
+
+def reference(q, k, v, kernel_size, dilation, is_causal, scale=None) -> torch.Tensor:
+    spatial = q.shape[1:-2]
+    n = len(spatial)
+    mask = None
+    for a, length in enumerate(spatial):
+        m = _axis_allowed(length, kernel_size[a], dilation[a], is_causal[a])
+        shape = [1] * (2 * n)
+        shape[a], shape[n + a] = length, length
+        m = m.view(shape)
+        mask = m if mask is None else mask & m
+    tokens = math.prod(spatial)
+    mask = mask.reshape(tokens, tokens).to(q.device)
+    b, h, d = q.shape[0], q.shape[-2], q.shape[-1]
+    scale = d**-0.5 if scale is None else scale
+    qf, kf, vf = (t.reshape(b, tokens, h, d).transpose(1, 2).float() for t in (q, k, v))
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    o = torch.softmax(s, dim=-1) @ vf
+    return o.transpose(1, 2).reshape(q.shape).to(q.dtype)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def make_qkv(spatial, heads, dim, dtype, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    shape = (1, *spatial, heads, dim)
+    return [torch.randn(shape, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+
+
+# (spatial, kernel, dilation, causal): 1D/2D/3D, odd sizes, full-extent windows, dilation, causal.
+CASES: list[Case] = [
+    ((37,), (7,), (1,), (False,)),
+    ((37,), (5,), (3,), (True,)),
+    ((11, 14), (3, 5), (1, 2), (False, False)),
+    ((11, 14), (11, 14), (1, 1), (False, False)),
+    ((13, 12, 17), (3, 5, 7), (1, 1, 1), (False, False, False)),
+    ((13, 12, 17), (3, 3, 5), (2, 3, 1), (True, False, False)),
+    ((6, 7, 9), (6, 7, 9), (1, 1, 1), (False, False, False)),
+    ((9, 10, 8), (3, 2, 4), (3, 2, 1), (False, True, True)),
+]
+IDS = ["x".join(map(str, c[0])) + f"-k{c[1]}-d{c[2]}-c{''.join('1' if x else '0' for x in c[3])}" for c in CASES]
+
+
+def test_reference_sees_exactly_k_keys():
+    # Guards the reference itself: non-causal windows hold exactly k keys, all in the query's group.
+    for length, kernel, dil in [(13, 5, 1), (17, 3, 4), (12, 4, 3)]:
+        a = _axis_allowed(length, kernel, dil, False)
+        assert a.sum(1).eq(kernel).all()
+        for i in range(length):
+            assert all(j % dil == i % dil for j in a[i].nonzero().flatten().tolist())
+    c = _axis_allowed(9, 4, 1, True)
+    assert c.sum(1).tolist() == [1, 2, 3, 4, 4, 4, 4, 4, 4]
+    assert not c.triu(1).any()
+
+
+# ---------------------------------------------------------------- na_tiled_sdpa
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_sdpa(case: Case, dtype: torch.dtype):
+    spatial, kernel, dil, causal = case
+    q, k, v = make_qkv(spatial, 2, 16, dtype)
+    ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal)
+    # A tiny chunk budget forces many chunks, so chunk edges and box clipping are exercised.
+    out = na_tiled_sdpa.neighborhood_attention(q, k, v, kernel, dil, causal, None, max_chunk_elems=4096)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 5e-3)
+
+
+def test_tiled_sdpa_scale_and_strided_input():
+    q, k, v = make_qkv((10, 12), 3, 8, torch.float32, seed=1)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, non-contiguous strides
+    args = ((3, 5), (1, 2), (False, False))
+    ref = reference(q, k, v, *args, scale=0.3)
+    out = na_tiled_sdpa.neighborhood_attention(qt, k, v, *args, 0.3)
+    assert rel_err(out, ref) < 1e-5
+
+
+# ---------------------------------------------------------------- na_flex
+
+# Tiles chosen to force padding (sizes are not multiples) and groups that straddle no tile.
+FLEX_TILES = {
+    1: (16,),
+    2: (4, 8),
+    3: (2, 4, 4),
+}
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_eager(case: Case, dtype: torch.dtype):
+    spatial, kernel, dil, causal = case
+    q, k, v = make_qkv(spatial, 2, 16, dtype, seed=2)
+    ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal)
+    out = na_flex.neighborhood_attention(q, k, v, kernel, dil, causal, None,
+                                         tile=FLEX_TILES[len(spatial)], compiled=False)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 5e-3)
+
+
+def _permuted_positions(spatial, axes) -> torch.Tensor:
+    """Original flat token index (+1) at each permuted slot; 0 marks a padding slot."""
+    pos = torch.arange(1, math.prod(spatial) + 1, dtype=torch.float64).reshape(1, *spatial, 1, 1)
+    return na_flex._to_tiles(pos, axes).reshape(-1).long()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_flex_block_mask_structure(case: Case):
+    """Every block pair holding an allowed (query, key) is listed; every `full` block is all-allowed.
+
+    Eager flex ignores the block lists (it only evaluates mask_mod), so this checks the lists that
+    the compiled GPU kernel relies on, against the reference rule.
+    """
+    spatial, kernel, dil, causal = case
+    tile = FLEX_TILES[len(spatial)]
+    bm, axes = na_flex.build_block_mask(spatial, kernel, dil, causal, tile, torch.device("cpu"))
+    allowed = None
+    n = len(spatial)
+    for a, length in enumerate(spatial):
+        m = _axis_allowed(length, kernel[a], dil[a], causal[a])
+        shape = [1] * (2 * n)
+        shape[a], shape[n + a] = length, length
+        allowed = m.view(shape) if allowed is None else allowed & m.view(shape)
+    tokens = math.prod(spatial)
+    allowed = allowed.reshape(tokens, tokens)
+    perm = _permuted_positions(spatial, axes)
+    real = perm > 0
+    idx = (perm - 1).clamp_min(0)
+    truth = allowed[idx][:, idx] & real[:, None] & real[None, :]
+    vol = math.prod(tile)
+    nb = truth.shape[0] // vol
+    blocks = truth.view(nb, vol, nb, vol)
+    # Padded query rows are don't-care: judge blocks on real query rows only.
+    qreal = real.view(nb, vol)
+    any_ = (blocks & qreal[:, :, None, None]).any(3).any(1)
+    all_ = (blocks | ~qreal[:, :, None, None]).all(3).all(1)
+    listed = torch.zeros(nb, nb, dtype=torch.bool)
+    full = torch.zeros(nb, nb, dtype=torch.bool)
+    kvn, kvi = bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0]
+    fkn, fki = bm.full_kv_num_blocks[0, 0], bm.full_kv_indices[0, 0]
+    for qb in range(nb):
+        listed[qb, kvi[qb, : kvn[qb]].long()] = True
+        full[qb, fki[qb, : fkn[qb]].long()] = True
+    assert not (listed & full).any()
+    assert ((listed | full) >= any_).all(), "a block with allowed pairs is missing"
+    assert (all_ >= full).all(), "a block marked full has masked pairs"
+    if kernel == spatial and dil == (1,) * len(spatial):
+        assert full.any(), "full-extent windows must produce full blocks"
+
+
+def test_flex_tile_choice_is_valid():
+    for spatial, kernel in [((30, 48, 80), (18, 24, 24)), ((40, 96, 96), (11, 11, 11)), ((37,), (7,))]:
+        tile = na_flex.choose_tile(spatial, kernel, (1,) * len(spatial))
+        assert math.prod(tile) == 128 and len(tile) == len(spatial)

@@ -1,0 +1,36 @@
+"""The CLI on a machine with no GPU: info must say something useful, plan must plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from xbackend.cli import main
+
+
+def test_info_on_cpu(capsys) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "Devices:" in out and "Plugins:" in out
+    assert "cuda " in out and "rocm " in out
+    assert "rmsnorm_modulate on cpu" in out and "chosen" in out
+
+
+def test_plan_json_for_a_simulated_fleet(capsys) -> None:
+    for target in ("sm90", "sm100", "gfx950", "mi300x"):
+        assert main(["plan", "--device", target, "--op", "rmsnorm", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data[0]["op"] == "rmsnorm" and data[0]["device"]["simulated"] is True
+        assert data[0]["candidates"][-1]["impl"] == "reference"
+
+
+def test_unknown_target_is_a_clear_error(capsys) -> None:
+    assert main(["plan", "--device", "tpu7"]) == 2
+    assert "unknown device target 'tpu7'" in capsys.readouterr().err
+
+
+def test_console_script_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "xbackend.cli", "plan", "--device", "b200", "--op", "gated_residual"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("gated_residual on sm100 (NVIDIA B200, simulated)")

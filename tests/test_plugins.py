@@ -1,0 +1,84 @@
+"""Plugin loading: entry points, builtin backends, failures isolated, blocks, autoload switch."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import types
+
+import pytest
+
+import xbackend
+from xbackend.testing import fresh_runtime
+
+
+def _fake_entry_points(monkeypatch: pytest.MonkeyPatch, modules: dict[str, types.ModuleType | None]) -> None:
+    eps = []
+    for name, module in modules.items():
+        mod_name = f"xb_test_plugin_{name}"
+        if module is not None:
+            monkeypatch.setitem(sys.modules, mod_name, module)
+        eps.append(importlib.metadata.EntryPoint(name=name, value=mod_name, group="xbackend"))
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [e for e in eps if e.group == group])
+
+
+def _module(register) -> types.ModuleType:
+    m = types.ModuleType("plugin")
+    m.xbackend_register_impls = xbackend.hookimpl(register)
+    return m
+
+
+def _ok(registrar):
+    registrar.register(op="rmsnorm", name="good", fn=lambda *a: None, devices="sm90")
+
+
+def test_builtin_backends_load_through_the_entry_point_group() -> None:
+    names = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="xbackend")}
+    assert names["cuda"] == "xbackend_cuda.plugin" and names["rocm"] == "xbackend_rocm.plugin"
+    with fresh_runtime(autoload=True) as rt:
+        assert rt.plugins["cuda"].error is None and rt.plugins["rocm"].error is None
+
+
+def test_failing_plugins_are_reported_and_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unknown_op(registrar):
+        registrar.register(op="rmsnorm", name="kept_only_if_all_succeed", fn=lambda *a: None)
+        registrar.register(op="softmax", name="x", fn=lambda *a: None)
+
+    def duplicate(registrar):
+        registrar.register(op="rmsnorm", name="good", fn=lambda *a: None)
+
+    _fake_entry_points(monkeypatch, {"good": _module(_ok), "broken_import": None, "unknown_op": _module(unknown_op), "dup": _module(duplicate)})
+    with fresh_runtime(autoload=True) as rt:
+        assert rt.plugins["good"].error is None and rt.plugins["good"].impls == ["rmsnorm:good"]
+        assert rt.plugins["broken_import"].error.startswith("import failed: ModuleNotFoundError")
+        assert "plugin 'unknown_op' registered impl 'x' for unknown op 'softmax'" in rt.plugins["unknown_op"].error
+        assert rt.plugins["dup"].error.endswith(
+            "plugin 'dup' registered impl 'good' for op 'rmsnorm', a name plugin 'good' already registered; impl names are unique per op")
+        # Nothing of a failed plugin is kept, and the rest keep working.
+        assert [i.qualname for i in rt.candidates("rmsnorm")] == ["good:good", "xbackend:reference"]
+        assert xbackend.plan("rmsnorm", "sm90").chosen.impl == "good"
+
+
+def test_autoload_off_loads_only_named_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_entry_points(monkeypatch, {"good": _module(_ok)})
+    monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "1")
+    with fresh_runtime(autoload=None) as rt:
+        assert rt.plugins == {}
+    monkeypatch.setenv("XBACKEND_PLUGINS", "good")
+    with fresh_runtime(autoload=None) as rt:
+        assert list(rt.plugins) == ["good"]
+
+
+def test_block_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_entry_points(monkeypatch, {"good": _module(_ok)})
+    monkeypatch.setenv("XBACKEND_BLOCK", "good")
+    with fresh_runtime(autoload=True, block=None) as rt:
+        assert rt.plugins["good"].error == "blocked by XBACKEND_BLOCK"
+
+
+def test_registrar_rejects_impersonation() -> None:
+    def impersonate(registrar):
+        registrar.register(xbackend.Impl(op="rmsnorm", name="x", fn=lambda *a: None, backend="cuda"))
+
+    with fresh_runtime([("evil", _module(impersonate))]) as rt:
+        assert "claiming backend 'cuda'" in rt.plugins["evil"].error
