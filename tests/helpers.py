@@ -25,7 +25,7 @@ def rmsnorm64(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch
 def na_brute_force(q, k, v, kernel_size, dilation, is_causal, scale=None) -> torch.Tensor:
     """Neighborhood attention by explicit loops over query positions (float64): the window rule
     written directly from its definition, independent of the vectorized reference."""
-    batch, *spatial, heads, dim = q.shape
+    spatial, dim = q.shape[1:-2], q.shape[-1]
     scale = dim**-0.5 if scale is None else scale
     out = torch.empty(q.shape, dtype=torch.float64)
     q64, k64, v64 = q.double(), k.double(), v.double()

@@ -8,13 +8,18 @@ from typing import Any
 
 import torch
 
+from . import _runtime as _rt
 from ._device import Device
 from ._opspec import OpSpec
 from ._policy import current_policy
 from ._runtime import runtime
 from .ops import OPS
 
-__all__ = ["Op", "get_op", "list_ops", "plan", "Plan", "PlanRow", "report", "Report"]
+__all__ = ["Op", "Plan", "PlanRow", "Report", "get_op", "list_ops", "plan", "report"]
+
+
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 class Op:
@@ -22,7 +27,7 @@ class Op:
     ``torch.compile`` (or when autograd needs to record) the call goes through the op's
     ``torch.library`` custom op, one opaque node with a fake impl, so graphs never break."""
 
-    __slots__ = ("spec", "_bind", "_custom_op")
+    __slots__ = ("_bind", "_custom_op", "spec")
 
     def __init__(self, spec: OpSpec) -> None:
         self.spec = spec
@@ -31,11 +36,9 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         a = self._bind(*args, **kwargs)
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and self.spec.needs_grad(a)):
+        if _is_compiling() or (_grad_enabled() and self.spec.needs_grad(a)):
             return self._custom_op(*a)
-        from ._runtime import _current
-
-        return (_current or runtime()).dispatch(self.spec, a)
+        return (_rt._current or runtime()).dispatch(self.spec, a)
 
     @property
     def name(self) -> str:

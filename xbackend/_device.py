@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Device", "DeviceSpec", "probe", "simulated", "SIMULATED_TARGETS", "TARGET_ALIASES"]
+__all__ = ["SIMULATED_TARGETS", "TARGET_ALIASES", "Device", "DeviceSpec", "probe", "simulated"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def simulated(target: str, extra: dict[str, Device] | None = None) -> Device:
     raise ValueError(f"unknown device target {target!r}: expected one of {known}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe(device: torch.device) -> Device:
     """Probe one torch device; cached per device, so two different GPUs in one host differ."""
     if device.type == "cuda":

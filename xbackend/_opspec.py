@@ -10,7 +10,7 @@ import torch
 
 from ._precision import Precision, compare
 
-__all__ = ["OpSpec", "tensor_sig", "register_reference_autograd", "describe_args"]
+__all__ = ["OpSpec", "describe_args", "register_reference_autograd", "tensor_sig"]
 
 
 def tensor_sig(t: torch.Tensor | None) -> tuple[Any, ...] | None:
@@ -45,7 +45,7 @@ class OpSpec:
         return args[self.tensor_args[0]].dtype
 
     def needs_grad(self, args: tuple[Any, ...]) -> bool:
-        return any(args[i] is not None and args[i].requires_grad for i in self.tensor_args)
+        return any(getattr(args[i], "requires_grad", False) for i in self.tensor_args)
 
     def check_output(self, out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> str | None:
         """The guard's comparison of an impl's output with the reference on the same inputs."""

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from ._precision import QUALITY_TIERS
 
-__all__ = ["quality", "use", "current_policy", "Policy"]
+__all__ = ["Policy", "current_policy", "quality", "use"]
 
 # (quality tier, ((op, impl name), ...)): a plain tuple, so the hot path hashes it cheaply.
 Policy = tuple[str, tuple[tuple[str, str], ...]]
@@ -26,7 +26,7 @@ def quality(tier: str) -> Iterator[None]:
     up to 1 ULP, ``"fast"`` any declared contract."""
     if tier not in QUALITY_TIERS:
         raise ValueError(f"quality: expected one of {', '.join(map(repr, QUALITY_TIERS))}, got {tier!r}")
-    tier_now, forced = _POLICY.get()
+    forced = _POLICY.get()[1]
     token = _POLICY.set((tier, forced))
     try:
         yield

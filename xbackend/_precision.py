@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Precision", "EXACT", "ulp", "tolerance", "QUALITY_TIERS", "admits", "compare", "ulp_distance"]
+__all__ = ["EXACT", "QUALITY_TIERS", "Precision", "admits", "compare", "tolerance", "ulp", "ulp_distance"]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 from ._device import Device, DeviceSpec
 from ._precision import EXACT, Precision
 
-__all__ = ["Impl", "Registry", "Registrar", "RegistrationError"]
+__all__ = ["Impl", "Registrar", "RegistrationError", "Registry"]
 
 _IMPORTED: dict[str, Callable[..., Any]] = {}
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})

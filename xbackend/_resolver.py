@@ -18,7 +18,7 @@ from ._opspec import OpSpec
 from ._precision import QUALITY_TIERS, admits
 from ._registry import Impl
 
-__all__ = ["Context", "Decision", "FILTERS", "decide"]
+__all__ = ["FILTERS", "Context", "Decision", "decide"]
 
 
 @dataclass

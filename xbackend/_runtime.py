@@ -63,7 +63,7 @@ class Event:
 class _Entry:
     """Dispatch state of one (policy, runtime key)."""
 
-    __slots__ = ("fn", "impl", "decisions", "lock", "disabled", "described", "device", "forced")
+    __slots__ = ("decisions", "described", "device", "disabled", "fn", "forced", "impl", "lock")
 
     def __init__(self, decisions: list[Decision], described: str, device: Device, forced: str | None) -> None:
         self.fn: Any = None  # the verified callable, once there is one
@@ -213,7 +213,11 @@ class Runtime:
         cache = self._caches.get(policy)
         if cache is None:
             cache = self._caches.setdefault(policy, {})
-        key = (spec.name, spec.key(*args))
+        try:
+            key = (spec.name, spec.key(*args))
+        except Exception:
+            spec.check(*args)  # a non-tensor where a tensor belongs: raise the op's clear error
+            raise
         entry = cache.get(key)
         if entry is None:
             entry = self._new_entry(spec, args, policy, cache, key)

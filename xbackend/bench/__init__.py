@@ -1,0 +1,138 @@
+"""``xbackend bench``: each op's impls against eager, torch.compile and ``copy_`` of the same bytes,
+plus the dispatch overhead of ``get_op(...)(...)``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import torch
+
+from .._api import get_op, plan
+from .._policy import use
+from ._harness import Progress, Row, copy_fn, format_table, rotations, time_host_inclusive, time_rotated, write_png
+from .cases import CASES, Case
+
+__all__ = ["bench_dispatch", "bench_op", "main"]
+
+
+def _eligible_impls(case: Case, args: tuple[Any, ...]) -> list[str]:
+    p = plan(case.op, args[0].device, args=args)
+    return [r.impl for r in p.rows if r.reason is None and r.impl != "reference"]
+
+
+def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) -> list[Row]:
+    device = torch.device("cuda")
+    g = torch.Generator(device=device).manual_seed(0)
+    first = case.make(device, g)
+    per_set = case.bytes_moved or sum(a.numel() * a.element_size() for a in first if isinstance(a, torch.Tensor))
+    sets = [first] + [case.make(device, g) for _ in range(rotations(per_set) - 1)]
+    spec = get_op(case.op).spec
+    reference = spec.reference
+    expected = reference(*first)
+    compiled = torch.compile(reference, dynamic=False)
+    rows: list[Row] = []
+
+    def add(variant: str, fn: Any, exact_out: torch.Tensor | None = None, time_sets: list[Any] = sets) -> None:
+        us = time_rotated(fn, time_sets, reps=reps)
+        exact = None
+        if exact_out is not None:
+            if spec.tolerant:
+                err = float((exact_out.float() - expected.float()).norm() / expected.float().norm())
+                exact, extra = None, {"rel_fro_vs_reference": err}
+            else:
+                exact, extra = bool(torch.equal(exact_out, expected)), {}
+        else:
+            extra = {}
+        rows.append(Row(case.name, variant, us, case.bytes_moved, case.flops, exact, extra))
+        if progress:
+            progress.step(f"{case.name} {variant}")
+
+    if case.bytes_moved:
+        copy, copy_sets = copy_fn(case.bytes_moved, device)
+        add("copy_", copy, time_sets=copy_sets)
+    add("eager", reference, reference(*first))
+    add("compile", compiled, compiled(*first))
+    op = get_op(case.op)
+    add("xbackend", lambda *a: op(*a), op(*first))
+    for name in _eligible_impls(case, first):
+        with use(**{case.op: name}):
+            out = op(*first)
+            add(f"  {name}", lambda *a: op(*a), out)
+    if case.small:
+        x = first[0]
+        one_launch = time_host_inclusive(torch.add, (x, x))
+        ours = time_host_inclusive(lambda *a: op(*a), first)
+        rows.append(Row(case.name, "host: 1 eager launch", one_launch))
+        rows.append(Row(case.name, "host: xbackend call", ours, extra={"vs_one_launch": ours / one_launch}))
+    return rows
+
+
+def bench_dispatch(calls: int = 200_000) -> str:
+    """Host cost of ``get_op(...)(...)`` over calling the resolved impl directly (CPU tensors, an impl
+    that returns at once, so only dispatch is timed)."""
+    import xbackend
+    from xbackend.testing import fresh_runtime
+
+    def instant(x, update, gate):
+        return x
+
+    class Instant:
+        @xbackend.hookimpl
+        def xbackend_register_impls(self, registrar):
+            registrar.register(op="gated_residual", name="instant", fn=instant, priority=1,
+                               precision=xbackend.tolerance(1e9))
+
+    x = torch.randn(4, 8, 16)
+    gate = torch.randn(4, 1, 16)
+    op = get_op("gated_residual")
+    with fresh_runtime([("instant", Instant())]), torch.inference_mode(), xbackend.quality("fast"):
+        op(x, x, gate)
+
+        def run(fn: Any) -> float:
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn(x, x, gate)
+                best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+            return best
+
+        direct = run(instant)
+        via_op = run(op)
+    return (f"dispatch overhead ({calls} calls, best of 5):\n"
+            f"  impl called directly      {direct:6.3f} µs/call\n"
+            f"  get_op('gated_residual')  {via_op:6.3f} µs/call\n"
+            f"  overhead                  {via_op - direct:6.3f} µs/call")
+
+
+def main(args: argparse.Namespace) -> int:
+    ops = args.ops or ["rmsnorm", "rmsnorm_modulate", "gated_residual"]
+    out: list[str] = []
+    if "dispatch" in ops:
+        out.append(bench_dispatch(20_000 if args.quick else 200_000))
+        ops = [o for o in ops if o != "dispatch"]
+    if ops and not torch.cuda.is_available():
+        print("\n\n".join(out + ["xbackend bench: op timings need a GPU (torch sees none); `xbackend bench dispatch` runs anywhere"]))
+        return 0 if out else 2
+    unknown = [o for o in ops if o not in CASES]
+    if unknown:
+        raise ValueError(f"bench: unknown op(s) {unknown}; expected some of {', '.join([*CASES, 'dispatch'])}")
+    if not ops:
+        print("\n\n".join(out))
+        return 0
+    cases = [c for o in ops for c in CASES[o]][: (3 if args.quick else None)]
+    progress = Progress(sum(6 for _ in cases), "bench")
+    rows: list[Row] = []
+    for case in cases:
+        rows.extend(bench_op(case, reps=20 if args.quick else 50, progress=progress))
+    out.append(f"{torch.cuda.get_device_name()} | torch {torch.__version__}\n" + format_table(rows))
+    print("\n\n".join(out))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{**r.__dict__, "tbps": r.tbps, "tflops": r.tflops} for r in rows], f, indent=2)
+    if args.png:
+        write_png([r for r in rows if not r.variant.startswith("host")], args.png)
+    return 0

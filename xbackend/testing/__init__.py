@@ -19,7 +19,7 @@ import torch
 from .._registry import Impl
 from .._runtime import Runtime, set_runtime
 
-__all__ = ["fresh_runtime", "check_impl"]
+__all__ = ["check_impl", "fresh_runtime"]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,144 @@
+"""Timing that a reader can trust: rotated inputs larger than L2, medians of device events, the
+``copy_`` of the same bytes in the same run as the roofline."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+L2_BYTES = 60 * 2**20  # H200; rotating 2x past it keeps every timed call out of cache
+
+
+@dataclass
+class Row:
+    case: str
+    variant: str
+    us: float
+    bytes_moved: int = 0
+    flops: float = 0.0
+    exact: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tbps(self) -> float:
+        return self.bytes_moved / (self.us * 1e-6) / 1e12 if self.bytes_moved else 0.0
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / (self.us * 1e-6) / 1e12 if self.flops else 0.0
+
+
+class Progress:
+    """A one-line progress bar on stderr (no dependency)."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True) -> None:
+        self.total, self.done, self.label, self.enabled = total, 0, label, enabled and sys.stderr.isatty()
+        self.start = time.perf_counter()
+
+    def step(self, what: str = "") -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * self.done / max(1, self.total))
+        elapsed = time.perf_counter() - self.start
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {elapsed:5.1f}s {what[:40]:<40}")
+        if self.done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def rotations(bytes_per_set: int) -> int:
+    return max(2, -(-2 * L2_BYTES // max(1, bytes_per_set)))
+
+
+def time_rotated(fn: Callable[..., Any], arg_sets: Sequence[tuple[Any, ...]], *, warmup: int = 5, reps: int = 50) -> float:
+    """Median µs per call of ``fn(*args)``, cycling through ``arg_sets`` (device events)."""
+    for i in range(warmup):
+        fn(*arg_sets[i % len(arg_sets)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        args = arg_sets[i % len(arg_sets)]
+        start.record()
+        fn(*args)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def time_host_inclusive(fn: Callable[..., Any], args: tuple[Any, ...], *, calls: int = 2000) -> float:
+    """µs per call for back-to-back calls including Python and launch overhead (small shapes)."""
+    for _ in range(20):
+        fn(*args)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def copy_fn(bytes_moved: int, device: torch.device) -> tuple[Callable[..., Any], list[tuple[Any, ...]]]:
+    """A ``dst.copy_(src)`` that reads and writes ``bytes_moved`` bytes in total."""
+    n = bytes_moved // 2
+    sets = [(torch.empty(n, dtype=torch.uint8, device=device), torch.empty(n, dtype=torch.uint8, device=device))
+            for _ in range(rotations(bytes_moved))]
+    return (lambda dst, src: dst.copy_(src)), sets
+
+
+def format_table(rows: Sequence[Row], *, baseline: dict[str, float] | None = None) -> str:
+    """Group rows by case; columns: µs, TB/s or TFLOP/s, % of copy_, speedup vs eager and compile."""
+    cases: dict[str, list[Row]] = {}
+    for r in rows:
+        cases.setdefault(r.case, []).append(r)
+    lines = [f"{'case':<40} {'variant':<26} {'µs':>9} {'TB/s':>6} {'TFLOP/s':>8} {'%copy':>6} {'vs eager':>8} {'vs compile':>10} {'exact':>5}"]
+    for case, rs in cases.items():
+        by = {r.variant: r for r in rs}
+        copy_us = by["copy_"].us if "copy_" in by else None
+        for r in rs:
+            pct = f"{100 * copy_us / r.us:5.0f}%" if copy_us and r.bytes_moved else ""
+            vs_eager = f"{by['eager'].us / r.us:7.2f}x" if "eager" in by else ""
+            vs_compile = f"{by['compile'].us / r.us:9.2f}x" if "compile" in by else ""
+            exact = "" if r.exact is None else ("yes" if r.exact else "NO")
+            tb = f"{r.tbps:6.2f}" if r.bytes_moved else ""
+            tf = f"{r.tflops:8.1f}" if r.flops else ""
+            lines.append(f"{case:<40} {r.variant:<26} {r.us:9.1f} {tb:>6} {tf:>8} {pct:>6} {vs_eager:>8} {vs_compile:>10} {exact:>5}")
+    return "\n".join(lines)
+
+
+def write_png(rows: Sequence[Row], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r.case for r in rows))
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4))
+    width = 0.8 / max(1, len(variants))
+    for j, v in enumerate(variants):
+        xs, ys = [], []
+        for i, c in enumerate(cases):
+            r = next((r for r in rows if r.case == c and r.variant == v), None)
+            if r is not None:
+                xs.append(i + j * width)
+                ys.append(r.us)
+        ax.bar(xs, ys, width, label=v)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("µs (lower is better)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
