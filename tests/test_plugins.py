@@ -45,7 +45,8 @@ def test_failing_plugins_are_reported_and_skipped(monkeypatch: pytest.MonkeyPatc
         registrar.register(op="softmax", name="x", fn=lambda *a: None)
 
     def duplicate(registrar):
-        registrar.register(op="rmsnorm", name="good", fn=lambda *a: None)
+        registrar.register(op="rmsnorm", name="good", fn=lambda *a: None)  # same name as plugin 'good': fine
+        registrar.register(op="rmsnorm", name="good", fn=lambda *a: None)  # twice in one plugin: an error
 
     _fake_entry_points(monkeypatch, {"good": _module(_ok), "broken_import": None, "unknown_op": _module(unknown_op), "dup": _module(duplicate)})
     with fresh_runtime(autoload=True) as rt:
@@ -53,7 +54,7 @@ def test_failing_plugins_are_reported_and_skipped(monkeypatch: pytest.MonkeyPatc
         assert rt.plugins["broken_import"].error.startswith("import failed: ModuleNotFoundError")
         assert "plugin 'unknown_op' registered impl 'x' for unknown op 'softmax'" in rt.plugins["unknown_op"].error
         assert rt.plugins["dup"].error.endswith(
-            "plugin 'dup' registered impl 'good' for op 'rmsnorm', a name plugin 'good' already registered; impl names are unique per op")
+            "plugin 'dup' registered impl 'good' for op 'rmsnorm' twice; impl names are unique per plugin and op")
         # Nothing of a failed plugin is kept, and the rest keep working.
         assert [i.qualname for i in rt.candidates("rmsnorm")] == ["good:good", "xbackend:reference"]
         assert xbackend.plan("rmsnorm", "sm90").chosen.impl == "good"

@@ -85,10 +85,11 @@ class Registry:
                 f"known ops: {known}"
             )
         for other in self._impls[impl.op]:
-            if other.name == impl.name:
+            # Vendors may reuse a name ("triton" on NVIDIA and on AMD): the plugin-qualified name is the id.
+            if other.qualname == impl.qualname:
                 raise RegistrationError(
-                    f"plugin {impl.backend!r} registered impl {impl.name!r} for op {impl.op!r}, "
-                    f"a name plugin {other.backend!r} already registered; impl names are unique per op"
+                    f"plugin {impl.backend!r} registered impl {impl.name!r} for op {impl.op!r} twice; "
+                    f"impl names are unique per plugin and op"
                 )
         impls = self._impls[impl.op]
         impls.append(impl)

@@ -29,7 +29,7 @@ class Context:
     quality: str
     forced: str | None
     blocked: frozenset[str]
-    disabled: dict[str, str] = field(default_factory=dict)  # impl name -> why (this key only)
+    disabled: dict[str, str] = field(default_factory=dict)  # impl qualname -> why (this key only)
     availability: Callable[[Impl], str | None] = lambda impl: None
 
 
@@ -88,7 +88,7 @@ def _supports(impl: Impl, c: Context) -> str | None:
 
 
 def _disabled(impl: Impl, c: Context) -> str | None:
-    reason = c.disabled.get(impl.name)
+    reason = c.disabled.get(impl.qualname)
     return None if reason is None else f"disabled for this input: {reason}"
 
 

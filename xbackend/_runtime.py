@@ -204,8 +204,9 @@ class Runtime:
         if not match:
             names = ", ".join(d.impl.qualname for d in decisions)
             raise ImplUnusableError(f"{spec.name}: use({spec.name}={forced!r}) names no registered impl; registered: {names}")
-        if match[0].reason is not None:
-            raise ImplUnusableError(f"{spec.name}: forced impl {forced!r} cannot run this call: {match[0].reason}")
+        if all(d.reason is not None for d in match):
+            reasons = "; ".join(f"{d.impl.qualname}: {d.reason}" if len(match) > 1 else d.reason for d in match)
+            raise ImplUnusableError(f"{spec.name}: forced impl {forced!r} cannot run this call: {reasons}")
 
     # -- dispatch --------------------------------------------------------------------------------
     def dispatch(self, spec: OpSpec, args: tuple[Any, ...]) -> torch.Tensor:
@@ -245,7 +246,7 @@ class Runtime:
                 return entry.fn(*args)
             for decision in entry.decisions:
                 impl = decision.impl
-                if decision.reason is not None or impl.name in entry.disabled:
+                if decision.reason is not None or impl.qualname in entry.disabled:
                     continue
                 if impl.backend == CORE:
                     entry.fn, entry.impl = impl.fn, impl
@@ -280,7 +281,7 @@ class Runtime:
         return self._first_use(spec, entry, args)
 
     def _disable(self, spec: OpSpec, entry: _Entry, impl: Impl, status: str, reason: str) -> None:
-        entry.disabled[impl.name] = reason
+        entry.disabled[impl.qualname] = reason
         self._event(spec, entry, impl, status, reason)
         if entry.forced is not None:
             raise ImplUnusableError(f"{spec.name}: forced impl {impl.qualname!r} failed its check on {entry.described}: {reason}")

@@ -1,7 +1,51 @@
-"""The AMD impl records (filled as kernels land)."""
+"""The AMD impl records. None of these has run on AMD hardware here: they are planned and tested on
+CPU through simulated gfx942/gfx950 probes, and every one is verified by the guard on first use."""
 
 from __future__ import annotations
 
-import xbackend
+import importlib.util
 
-IMPLS: list[xbackend.Impl] = []
+import torch
+
+import xbackend
+from xbackend import Impl
+
+_L = "xbackend_rocm.launch"
+_K = "xbackend.kernels"
+CDNA = "gfx942,gfx950"  # MI300X/MI325X, MI350X/MI355X
+HALF = frozenset({torch.float16, torch.bfloat16})
+
+
+def _triton_available() -> str | None:
+    return None if importlib.util.find_spec("triton") is not None else "triton is not installed"
+
+
+def _aiter_available() -> str | None:
+    from xbackend.kernels import aiter_rmsnorm
+
+    return aiter_rmsnorm.available()
+
+
+IMPLS: list[Impl] = [
+    # Seed 002: xDiT swaps diffusers' RMSNorm for AITER's CK kernel on MI350. One rounding, so it is
+    # ulp-bounded, never exact; below the Triton kernel that reproduces the reference bit for bit.
+    Impl(op="rmsnorm", name="aiter", fn=f"{_K}.aiter_rmsnorm:rmsnorm", supports=f"{_K}.aiter_rmsnorm:supports_torch_flavour",
+         priority=120, devices=CDNA, dtypes=HALF,
+         precision=xbackend.ulp(1), available=_aiter_available, description="AMD AITER CK rms_norm (flavour torch)"),
+    Impl(op="rmsnorm", name="aiter_diffusers", fn=f"{_K}.aiter_rmsnorm:rmsnorm",
+         supports=f"{_K}.aiter_rmsnorm:supports_diffusers_flavour", priority=120, devices=CDNA,
+         precision=xbackend.ulp(2), available=_aiter_available,
+         description="AMD AITER CK rms_norm standing in for diffusers' two-rounding RMSNorm"),
+    Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_L}:supports_rmsnorm", priority=100,
+         devices=CDNA, available=_triton_available, description="Triton, a ROCm build's reduction order reproduced"),
+    Impl(op="rmsnorm", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
+         supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast", priority=90, devices=CDNA,
+         precision=xbackend.ulp(1), available=_triton_available),
+    Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_L}:supports_rmsnorm_modulate",
+         priority=100, devices=CDNA, available=_triton_available),
+    Impl(op="rmsnorm_modulate", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_modulate_fast",
+         supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_modulate_fast", priority=90, devices=CDNA,
+         precision=xbackend.ulp(1), available=_triton_available),
+    Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual", supports=f"{_K}.triton_gated_residual:supports",
+         priority=100, devices=CDNA, available=_triton_available, description="Triton, fp fusion off (bit-exact)"),
+]

@@ -1,0 +1,32 @@
+"""NVIDIA launch configurations for the shared kernels (imported on first use, never at registration).
+
+Configs are the ones measured on the H200 (notes/*.md, gpu/*.py); SM100/SM103 take the same
+arch-independent pointwise schedules (seed 000) and are not tuned here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_rmsnorm
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+    return triton_rmsnorm.rmsnorm(x, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+
+
+def rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> torch.Tensor:  # noqa: ANN001
+    return triton_rmsnorm.rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+
+
+def supports_rmsnorm(x, weight, eps, flavour) -> str | None:  # noqa: ANN001
+    return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+
+
+def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:  # noqa: ANN001
+    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+
+
+# Defaults measured best on the H200: 1024/512/256-wide column blocks, 4 rows, 4 warps (gpu/gated_residual.py).
+gated_residual_triton = triton_gated_residual.gated_residual
+gated_residual_cuda = cuda_gated_residual.gated_residual

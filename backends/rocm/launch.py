@@ -1,0 +1,34 @@
+"""AMD launch configurations for the shared Triton kernels (CDNA3 gfx942, CDNA4 gfx950).
+
+Not run on AMD hardware here. CDNA runs 64-wide wavefronts, so the same tile wants half the warps;
+the RMSNorm kernels reproduce a ROCm build's reduction order (1024 threads, wave64, increasing
+shuffle offsets: notes/rmsnorm.md) and the guard verifies that on first use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xbackend.kernels import triton_gated_residual, triton_rmsnorm
+
+_NUMERICS = triton_rmsnorm.ROCM_NUMERICS
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+    return triton_rmsnorm.rmsnorm(x, weight, eps, flavour, numerics=_NUMERICS)
+
+
+def rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> torch.Tensor:  # noqa: ANN001
+    return triton_rmsnorm.rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=_NUMERICS)
+
+
+def supports_rmsnorm(x, weight, eps, flavour) -> str | None:  # noqa: ANN001
+    return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, numerics=_NUMERICS)
+
+
+def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:  # noqa: ANN001
+    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=_NUMERICS)
+
+
+def gated_residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return triton_gated_residual.gated_residual(x, update, gate, block_d=1024, block_rows=2, num_warps=4)

@@ -1,0 +1,333 @@
+// out = x + update * gate, rounded exactly as eager PyTorch does it: the product is computed in fp32
+// and rounded to the dtype, then the sum is computed in fp32 and rounded. __fmul_rn / __fadd_rn pin
+// each fp32 rounding so the compiler cannot contract them into an FMA (which would change fp32
+// results in the last bit).
+//
+// Three paths, picked on the host:
+//  * flat      full gate laid out like x: one 16-byte pack of x, update and gate per step.
+//  * row tile  each thread owns one 16-byte column pack of R consecutive rows; when the R rows share
+//              a gate row (broadcast [B,1,D], [1,..,1,D]) the gate pack is loaded once for all R.
+//              A per-token gate ([B,L,1]) is one scalar per row. R is 1 for vector gates unless the
+//              caller asks otherwise (measured fastest, see launch_row_tile), 1..4 for per-token.
+//  * scalar    anything misaligned or with D not a multiple of the pack width.
+
+#include "gated_residual.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace xbackend_gr {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxDevices = 64;
+
+template <typename T>
+struct Math;
+
+template <>
+struct Math<float> {
+  static __device__ __forceinline__ float combine(float x, float u, float g) {
+    return __fadd_rn(x, __fmul_rn(u, g));
+  }
+};
+
+template <>
+struct Math<__nv_bfloat16> {
+  static __device__ __forceinline__ __nv_bfloat16 combine(__nv_bfloat16 x, __nv_bfloat16 u,
+                                                          __nv_bfloat16 g) {
+    const __nv_bfloat16 p =
+        __float2bfloat16_rn(__fmul_rn(__bfloat162float(u), __bfloat162float(g)));
+    return __float2bfloat16_rn(__fadd_rn(__bfloat162float(x), __bfloat162float(p)));
+  }
+};
+
+template <>
+struct Math<__half> {
+  static __device__ __forceinline__ __half combine(__half x, __half u, __half g) {
+    const __half p = __float2half_rn(__fmul_rn(__half2float(u), __half2float(g)));
+    return __float2half_rn(__fadd_rn(__half2float(x), __half2float(p)));
+  }
+};
+
+// 16 bytes of T: the widest load a thread can issue.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+template <typename T>
+__device__ __forceinline__ Pack<T> load(const T* p) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  Pack<T> out;
+  *reinterpret_cast<uint4*>(&out) = raw;
+  return out;
+}
+
+template <typename T>
+__device__ __forceinline__ T load_scalar(const T* p) {
+  return p[0];
+}
+
+template <typename T>
+__device__ __forceinline__ void store(T* p, const Pack<T>& v) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ Pack<T> combine(const Pack<T>& x, const Pack<T>& u, const Pack<T>& g) {
+  Pack<T> o;
+#pragma unroll
+  for (int i = 0; i < Pack<T>::kSize; ++i) o.v[i] = Math<T>::combine(x.v[i], u.v[i], g.v[i]);
+  return o;
+}
+
+template <typename T>
+__device__ __forceinline__ Pack<T> combine(const Pack<T>& x, const Pack<T>& u, T g) {
+  Pack<T> o;
+#pragma unroll
+  for (int i = 0; i < Pack<T>::kSize; ++i) o.v[i] = Math<T>::combine(x.v[i], u.v[i], g);
+  return o;
+}
+
+// Each thread handles kPacks packs, spaced a block apart so a warp's accesses stay contiguous; all
+// loads are issued before the first use so several are in flight per thread.
+template <typename T, int kPacks>
+__global__ void __launch_bounds__(kThreads)
+    flat_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ u,
+                const T* __restrict__ g, int64_t n) {
+  constexpr int N = Pack<T>::kSize;
+  const int64_t n_packs = n / N;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kPacks) + threadIdx.x;
+  Pack<T> xs[kPacks], us[kPacks], gs[kPacks];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = base + k * kThreads;
+    if (p < n_packs) {
+      xs[k] = load(x + p * N);
+      us[k] = load(u + p * N);
+      gs[k] = load(g + p * N);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = base + k * kThreads;
+    if (p < n_packs) store(out + p * N, combine(xs[k], us[k], gs[k]));
+  }
+  // The last n % N elements do not fill a pack.
+  const int64_t tail = n_packs * N + threadIdx.x;
+  if (blockIdx.x == 0 && tail < n) out[tail] = Math<T>::combine(x[tail], u[tail], g[tail]);
+}
+
+// How a row tile finds its gate rows.
+enum GateRows : int {
+  kPerTile = 0,  // all R rows share one gate row (inner % R == 0, or a single gate row)
+  kPerRow = 1,   // gate row == x row (inner == 1)
+  kDivide = 2,   // gate row == x row / inner
+};
+
+template <typename T, int R, bool kPerToken, int kGateRows>
+__global__ void __launch_bounds__(kThreads)
+    row_tile_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ u,
+                    const T* __restrict__ g, int64_t rows, int64_t d, int64_t inner,
+                    int64_t g_row_stride, unsigned col_blocks) {
+  constexpr int N = Pack<T>::kSize;
+  constexpr int G = kGateRows == kPerTile ? 1 : R;  // gate loads per thread
+  using Gate = std::conditional_t<kPerToken, T, Pack<T>>;
+
+  // Linear grid, column blocks fastest: consecutive blocks stream consecutive memory.
+  const unsigned col_block = blockIdx.x % col_blocks;
+  const unsigned tile = blockIdx.x / col_blocks;
+  const int64_t c = static_cast<int64_t>(col_block) * blockDim.x + threadIdx.x;
+  const int64_t row0 = (static_cast<int64_t>(tile) * blockDim.y + threadIdx.y) * R;
+  if (c * N >= d || row0 >= rows) return;
+  const int64_t col = c * N;
+
+  Pack<T> xs[R], us[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r < rows) {
+      const int64_t off = (row0 + r) * d + col;
+      xs[r] = load(x + off);
+      us[r] = load(u + off);
+    }
+  }
+  Gate gs[G];
+#pragma unroll
+  for (int r = 0; r < G; ++r) {
+    if (row0 + r < rows) {
+      int64_t grow;
+      if constexpr (kGateRows == kPerTile) {
+        grow = row0 / inner;
+      } else if constexpr (kGateRows == kPerRow) {
+        grow = row0 + r;
+      } else {
+        grow = (row0 + r) / inner;
+      }
+      if constexpr (kPerToken) {
+        gs[r] = load_scalar(g + grow * g_row_stride);
+      } else {
+        gs[r] = load(g + grow * g_row_stride + col);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r < rows) {
+      store(out + (row0 + r) * d + col, combine(xs[r], us[r], gs[G == 1 ? 0 : r]));
+    }
+  }
+}
+
+template <typename T, bool kPerToken>
+__global__ void __launch_bounds__(kThreads)
+    scalar_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ u,
+                  const T* __restrict__ g, int64_t rows, int64_t d, int64_t inner,
+                  int64_t g_row_stride) {
+  const int64_t n = rows * d;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t row = i / d;
+    const int64_t goff = (row / inner) * g_row_stride + (kPerToken ? 0 : i - row * d);
+    out[i] = Math<T>::combine(x[i], u[i], g[goff]);
+  }
+}
+
+int sm_count(int device) {
+  static int cache[kMaxDevices] = {};
+  int value = 0;
+  if (device >= 0 && device < kMaxDevices && cache[device] > 0) return cache[device];
+  if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      value <= 0) {
+    cudaGetLastError();  // a failed query must not surface as the launch's error
+    return 1;
+  }
+  if (device >= 0 && device < kMaxDevices) cache[device] = value;
+  return value;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Per-token gates: fewest rows per thread that still leave a full wave of resident threads (2048
+// per SM), so big tensors get 4 rows (more loads in flight), small ones spread over every SM.
+int pick_rows_per_thread(int64_t rows, int64_t packs_per_row, int sms) {
+  const int64_t wave = static_cast<int64_t>(sms) * 2048;
+  for (int r : {4, 2}) {
+    if (ceil_div(rows, r) * packs_per_row >= wave) return r;
+  }
+  return 1;
+}
+
+template <typename T, int R, bool kPerToken>
+void launch_row_tile_r(const Args& a, dim3 grid, dim3 block, unsigned col_blocks,
+                       cudaStream_t stream) {
+  auto* out = static_cast<T*>(a.out);
+  auto* x = static_cast<const T*>(a.x);
+  auto* u = static_cast<const T*>(a.update);
+  auto* g = static_cast<const T*>(a.gate);
+  if (R == 1 || a.inner % R == 0 || a.inner >= a.rows) {
+    row_tile_kernel<T, R, kPerToken, kPerTile>
+        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride,
+                                      col_blocks);
+  } else if (a.inner == 1) {
+    row_tile_kernel<T, R, kPerToken, kPerRow>
+        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride,
+                                      col_blocks);
+  } else {
+    row_tile_kernel<T, R, kPerToken, kDivide>
+        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride,
+                                      col_blocks);
+  }
+}
+
+// Returns false (launching nothing) when the grid would not fit in one dimension.
+template <typename T, bool kPerToken>
+bool launch_row_tile(const Args& a, int sms, cudaStream_t stream) {
+  constexpr int N = Pack<T>::kSize;
+  const int64_t packs = a.d / N;
+  const int64_t col_blocks = ceil_div(packs, kThreads);
+  int64_t bdx = ceil_div(packs, col_blocks);
+  if (bdx > 32) bdx = ceil_div(bdx, 32) * 32;
+  // Narrow rows: stack several rows of threads in one block so blocks stay kThreads wide.
+  const int64_t bdy = bdx >= kThreads ? 1 : kThreads / bdx;
+  // Vector gates take one row per thread: on an H200 (bf16, D 3072..4608) that beat 2, 4 and 8 rows
+  // by 3-12% even though the gate pack is then reloaded per row; it hits L1/L2, while several rows
+  // per thread put 8 KB-strided streams into every warp instruction.
+  int r = a.rows_per_thread;
+  if (r == 0) r = kPerToken ? pick_rows_per_thread(a.rows, packs, sms) : 1;
+  const int64_t blocks = ceil_div(a.rows, r * bdy) * col_blocks;
+  if (blocks > INT32_MAX) return false;
+  const dim3 block(static_cast<unsigned>(bdx), static_cast<unsigned>(bdy));
+  const dim3 grid(static_cast<unsigned>(blocks));
+  const auto cb = static_cast<unsigned>(col_blocks);
+  switch (r) {
+    case 1: launch_row_tile_r<T, 1, kPerToken>(a, grid, block, cb, stream); break;
+    case 2: launch_row_tile_r<T, 2, kPerToken>(a, grid, block, cb, stream); break;
+    case 4: launch_row_tile_r<T, 4, kPerToken>(a, grid, block, cb, stream); break;
+    default: launch_row_tile_r<T, 8, kPerToken>(a, grid, block, cb, stream); break;
+  }
+  return true;
+}
+
+template <typename T>
+void launch_typed(const Args& a, cudaStream_t stream) {
+  constexpr int N = Pack<T>::kSize;
+  auto* out = static_cast<T*>(a.out);
+  auto* x = static_cast<const T*>(a.x);
+  auto* u = static_cast<const T*>(a.update);
+  auto* g = static_cast<const T*>(a.gate);
+  const int sms = sm_count(a.device);
+  const int64_t n = a.rows * a.d;
+  const bool packs_aligned = aligned16(out) && aligned16(x) && aligned16(u);
+  const bool full = !a.per_token && a.inner == 1 && (a.rows <= 1 || a.gate_row_stride == a.d);
+
+  if (full && packs_aligned && aligned16(g)) {
+    const int64_t n_packs = n / N;
+    if (n_packs / 4 >= static_cast<int64_t>(sms) * 2048) {
+      const unsigned blocks = static_cast<unsigned>(ceil_div(n_packs, kThreads * 4));
+      flat_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n);
+    } else {
+      const int64_t want = ceil_div(n_packs, kThreads);
+      const unsigned blocks = static_cast<unsigned>(want > 0 ? want : 1);  // block 0 owns the tail
+      flat_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n);
+    }
+    return;
+  }
+  const bool gate_packs = a.per_token || (aligned16(g) && a.gate_row_stride % N == 0);
+  if (packs_aligned && a.d % N == 0 && gate_packs) {
+    const bool launched = a.per_token ? launch_row_tile<T, true>(a, sms, stream)
+                                      : launch_row_tile<T, false>(a, sms, stream);
+    if (launched) return;
+  }
+  const int64_t max_blocks = static_cast<int64_t>(sms) * 8;
+  const int64_t want = ceil_div(n, kThreads);
+  const unsigned blocks = static_cast<unsigned>(want < max_blocks ? want : max_blocks);
+  if (a.per_token) {
+    scalar_kernel<T, true><<<blocks, kThreads, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner,
+                                                             a.gate_row_stride);
+  } else {
+    scalar_kernel<T, false><<<blocks, kThreads, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner,
+                                                              a.gate_row_stride);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch(const Args& args, cudaStream_t stream) {
+  if (args.rows * args.d == 0) return cudaSuccess;
+  switch (args.dtype) {
+    case DType::kFloat32: launch_typed<float>(args, stream); break;
+    case DType::kFloat16: launch_typed<__half>(args, stream); break;
+    case DType::kBFloat16: launch_typed<__nv_bfloat16>(args, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace xbackend_gr
