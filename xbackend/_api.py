@@ -48,11 +48,34 @@ class Op:
         return f"<xbackend op {self.spec.signature}>"
 
 
-_OPS = {name: Op(spec) for name, spec in OPS.items()}
+class HostOp:
+    """An op that runs on the host around other ops (``vae_tile_decode``): it takes callables and
+    process groups, so it has no custom op and no kernels to resolve."""
+
+    __slots__ = ("name", "_fn", "signature")
+
+    def __init__(self, name: str, fn: Any, signature: str) -> None:
+        self.name, self._fn, self.signature = name, fn, signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<xbackend host op {self.signature}>"
 
 
-def get_op(name: str) -> Op:
-    """The op called ``name`` (see ``list_ops()``)."""
+def _host_ops() -> dict[str, HostOp]:
+    from .ops import vae_tile_decode
+
+    return {vae_tile_decode.NAME: HostOp(vae_tile_decode.NAME, vae_tile_decode.reference, vae_tile_decode.SIGNATURE)}
+
+
+_OPS: dict[str, Op | HostOp] = {name: Op(spec) for name, spec in OPS.items()} | _host_ops()
+
+
+def get_op(name: str) -> Any:
+    """The op called ``name`` (see ``list_ops()``): an :class:`Op`, or a :class:`HostOp` for
+    ``vae_tile_decode``."""
     op = _OPS.get(name)
     if op is None:
         raise KeyError(f"get_op: unknown op {name!r}; expected one of {', '.join(_OPS)}")
@@ -61,6 +84,11 @@ def get_op(name: str) -> Op:
 
 def list_ops() -> list[str]:
     return list(_OPS)
+
+
+def kernel_ops() -> list[str]:
+    """The ops that have impls to resolve (every op but the host-level ones)."""
+    return list(OPS)
 
 
 @dataclass(frozen=True)
@@ -122,7 +150,10 @@ def plan(
     dependencies were installed there.
     """
     rt = runtime()
-    spec = get_op(op).spec
+    found = get_op(op)
+    if isinstance(found, HostOp):
+        raise ValueError(f"plan: {op!r} is a host-level op (it decodes through a callable you pass); it has no impls to plan")
+    spec = found.spec
     dev = rt.device(device)
     if args is None:
         args = spec.example(dtype, torch.device("meta"))

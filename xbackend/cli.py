@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from ._api import list_ops, plan
+from ._api import kernel_ops, plan
 from ._device import SIMULATED_TARGETS, TARGET_ALIASES
 from ._runtime import runtime
 
@@ -41,13 +41,14 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {line}")
     for d in _devices():
         print(f"\nPlan on {d} (representative bf16 inputs):")
-        for op in list_ops():
+        for op in kernel_ops():
             print(_indent(str(plan(op, d, dtype=_DTYPES[args.dtype]))))
+    print("\nvae_tile_decode: host-level op (tiles over torch.distributed ranks when a process group is up)")
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    ops = args.op or list_ops()
+    ops = args.op or kernel_ops()
     plans = [plan(op, args.device, dtype=_DTYPES[args.dtype], quality=args.quality, assume_available=args.assume_available)
              for op in ops]
     if args.json:
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     targets = sorted(SIMULATED_TARGETS) + sorted(TARGET_ALIASES)
     p = sub.add_parser("plan", help="what each op would run on a device (real or simulated)")
     p.add_argument("--device", default="cpu", help=f"a torch device (cuda:1) or a target: {' '.join(targets)}")
-    p.add_argument("--op", action="append", choices=list_ops(), help="repeat for several; default all")
+    p.add_argument("--op", action="append", choices=kernel_ops(), help="repeat for several; default all")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     p.add_argument("--quality", choices=["lossless", "high", "fast"], default=None)
     p.add_argument("--assume-available", action="store_true", help="plan as if every impl's packages were installed")
