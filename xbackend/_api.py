@@ -52,7 +52,7 @@ class HostOp:
     """An op that runs on the host around other ops (``vae_tile_decode``): it takes callables and
     process groups, so it has no custom op and no kernels to resolve."""
 
-    __slots__ = ("name", "_fn", "signature")
+    __slots__ = ("_fn", "name", "signature")
 
     def __init__(self, name: str, fn: Any, signature: str) -> None:
         self.name, self._fn, self.signature = name, fn, signature
