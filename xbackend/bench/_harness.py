@@ -109,9 +109,14 @@ def format_table(rows: Sequence[Row], *, baseline: dict[str, float] | None = Non
         copy_us = by["copy_"].us if "copy_" in by else None
         for r in rs:
             pct = f"{100 * copy_us / r.us:5.0f}%" if copy_us and r.bytes_moved else ""
-            vs_eager = f"{by['eager'].us / r.us:7.2f}x" if "eager" in by else ""
+            base = by.get("eager") or by.get("dense SDPA (cuDNN)")  # attention: vs dense attention
+            vs_eager = f"{base.us / r.us:7.2f}x" if base else ""
             vs_compile = f"{by['compile'].us / r.us:9.2f}x" if "compile" in by else ""
             exact = "" if r.exact is None else ("yes" if r.exact else "NO")
+            if "accuracy" in r.extra:
+                exact = r.extra["accuracy"]
+            elif "vs_one_launch" in r.extra:
+                exact = f"{r.extra['vs_one_launch']:.2f}x of 1 launch"
             tb = f"{r.tbps:6.2f}" if r.bytes_moved else ""
             tf = f"{r.tflops:8.1f}" if r.flops else ""
             lines.append(f"{case:<40} {r.variant:<26} {r.us:9.1f} {tb:>6} {tf:>8} {pct:>6} {vs_eager:>8} {vs_compile:>10} {exact:>5}")
