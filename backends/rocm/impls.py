@@ -14,6 +14,7 @@ _L = "xbackend_rocm.launch"
 _K = "xbackend.kernels"
 CDNA = "gfx942,gfx950"  # MI300X/MI325X, MI350X/MI355X
 HALF = frozenset({torch.float16, torch.bfloat16})
+NA_TOLERANCE = xbackend.tolerance(5e-3)
 
 
 def _triton_available() -> str | None:
@@ -39,13 +40,22 @@ IMPLS: list[Impl] = [
     Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_L}:supports_rmsnorm", priority=100,
          devices=CDNA, available=_triton_available, description="Triton, a ROCm build's reduction order reproduced"),
     Impl(op="rmsnorm", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
-         supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast", priority=90, devices=CDNA,
+         supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast_torch", priority=90, devices=CDNA,
          precision=xbackend.ulp(1), available=_triton_available),
+    Impl(op="rmsnorm", name="triton_fast_diffusers", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
+         supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast_diffusers", priority=90, devices=CDNA,
+         precision=xbackend.ulp(2), available=_triton_available),
     Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_L}:supports_rmsnorm_modulate",
          priority=100, devices=CDNA, available=_triton_available),
     Impl(op="rmsnorm_modulate", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_modulate_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_modulate_fast", priority=90, devices=CDNA,
-         precision=xbackend.ulp(1), available=_triton_available),
+         precision=xbackend.tolerance(5e-3), available=_triton_available),
     Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual", supports=f"{_K}.triton_gated_residual:supports",
          priority=100, devices=CDNA, available=_triton_available, description="Triton, fp fusion off (bit-exact)"),
+    Impl(op="neighborhood_attention", name="na_flex", fn=f"{_K}.na_flex:neighborhood_attention",
+         supports=f"{_K}.na_flex:supports", priority=50, devices=CDNA, precision=NA_TOLERANCE,
+         available=_triton_available, description="flex_attention over token-permuted tiles (portable path)"),
+    Impl(op="neighborhood_attention", name="na_tiled_sdpa", fn=f"{_K}.na_tiled_sdpa:neighborhood_attention",
+         supports=f"{_K}.na_tiled_sdpa:supports", priority=10, devices="rocm", precision=NA_TOLERANCE,
+         description="SDPA over each query chunk's key box (memory-bounded fallback)"),
 ]

@@ -18,15 +18,15 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: s
     return triton_rmsnorm.rmsnorm(x, weight, eps, flavour, numerics=_NUMERICS)
 
 
-def rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> torch.Tensor:  # noqa: ANN001
+def rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> torch.Tensor:
     return triton_rmsnorm.rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=_NUMERICS)
 
 
-def supports_rmsnorm(x, weight, eps, flavour) -> str | None:  # noqa: ANN001
+def supports_rmsnorm(x, weight, eps, flavour) -> str | None:
     return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, numerics=_NUMERICS)
 
 
-def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:  # noqa: ANN001
+def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:
     return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=_NUMERICS)
 
 

@@ -1,0 +1,426 @@
+"""Triton rmsnorm / rmsnorm_modulate kernels against the eager references.
+
+On CPU the kernels run under TRITON_INTERPRET=1, whose fp32->bf16 cast truncates, so outputs are
+compared within a dtype-keyed tolerance. What the CPU *can* check exactly is the reduction order:
+the per-row statistic the kernel computes (rstd for "torch", mean of squares for "diffusers") must
+equal, bit for bit, a plain loop-by-loop transliteration of aten's CUDA kernels (thread loops, warp
+shuffles, shared-memory trees) written here in numpy fp32. Bit-exactness of the outputs against
+eager PyTorch is checked by the GPU tests (>= 16M elements per shape).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+from xbackend.kernels import triton_rmsnorm as K
+
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+EPS = 1e-6
+f32 = np.float32
+
+
+def _ref(x, w, eps, flavour):
+    if flavour == "torch":
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    v = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    h = x * torch.rsqrt(v + eps)
+    if w is not None:
+        if w.dtype in (torch.float16, torch.bfloat16):
+            h = h.to(w.dtype)
+        return h * w
+    return h.to(x.dtype)
+
+
+def _ref_mod(x, scale, shift, w, eps, flavour):
+    return _ref(x, w, eps, flavour) * (1 + scale) + shift
+
+
+def _rand(shape, dtype, seed, scale=1.0, offset=0.0, device=DEV):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (offset + scale * torch.randn(shape, generator=g)).to(device=device, dtype=dtype)
+
+
+# Relative error allowed on CPU: the interpreter truncates each bf16/fp16 rounding (up to two
+# roundings in a row, then the modulate's three) and the CPU reference sums in another order.
+_REL = {torch.bfloat16: 2.0**-5, torch.float16: 2.0**-8, torch.float32: 2.0**-18}
+
+
+def _assert_close(out, ref, dtype, extra=None):
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    err = (out.double() - ref.double()).abs()
+    scale = ref.double().abs() if extra is None else ref.double().abs() + extra
+    bound = _REL[dtype] * scale + 1e-6
+    assert bool((err <= bound).all()), f"max excess {float((err - bound).max())}"
+
+
+# --------------------------------------------------------------------------------------------------
+# aten reduction orders, transliterated loop by loop (numpy fp32)
+# --------------------------------------------------------------------------------------------------
+
+
+def _emulate_fused_rms_rstd(x: np.ndarray, eps: float, threads: int, warp: int) -> np.ndarray:
+    """layer_norm_kernel.cu compute_stats<rms_norm=true> + rsqrt, for every row of x (fp32)."""
+    m, d = x.shape
+    acc = np.zeros((m, threads), f32)
+    for t in range(threads):  # thread t: vectors t, t + threads, ..; 4 elements each, fma(x, x, acc)
+        for i in range(t, d // 4, threads):
+            for ii in range(4):
+                v = x[:, 4 * i + ii]
+                acc[:, t] = (acc[:, t] + v * v).astype(f32)  # exact: bf16 squares fit in fp32
+    w = acc.reshape(m, threads // warp, warp)
+    off = warp // 2
+    while off:  # WARP_SHFL_DOWN, offsets warp/2 .. 1
+        w = w.copy()
+        w[:, :, : warp - off] = w[:, :, : warp - off] + w[:, :, off:]
+        off //= 2
+    wd = w[:, :, 0].copy()
+    off = wd.shape[1] // 2
+    while off:  # upper half of the warps writes to shared memory, lower half merges
+        wd[:, :off] = wd[:, :off] + wd[:, off : 2 * off]
+        off //= 2
+    sigma2 = (wd[:, 0] / f32(d)).astype(f32)
+    return (f32(1) / np.sqrt((sigma2 + f32(eps)).astype(f32))).astype(f32)  # the interpreter's rsqrt
+
+
+def _emulate_mean(x: np.ndarray, num: K.Numerics) -> np.ndarray:
+    """Reduce.cuh ReduceOp<MeanOps> on x.float().pow(2) for every row, with setReduceConfig's shape."""
+    m, d = x.shape
+    q = (x * x).astype(f32)
+    vectorize, bw, y, _ = K._mean_config(m, d, num.warp)
+    stride = bw * y
+    v = np.zeros((m, y, bw), f32)
+    for yy in range(y):
+        for xx in range(bw):
+            vl = [np.zeros(m, f32) for _ in range(4)]
+            if vectorize:  # input_vectorized_thread_reduce_impl (rows are 16-byte aligned: D % 4 == 0)
+                idx = xx + yy * bw
+                while idx * 4 + 3 < d:
+                    for i in range(4):
+                        vl[i] = (vl[i] + q[:, idx * 4 + i]).astype(f32)
+                    idx += stride
+            else:  # thread_reduce_impl, vt0 = 4 strided accumulators, then the tail
+                idx = xx
+                while idx + 3 * bw < d:
+                    for i in range(4):
+                        vl[i] = (vl[i] + q[:, idx + i * bw]).astype(f32)
+                    idx += 4 * bw
+                for i in range(4):
+                    if idx >= d:
+                        break
+                    vl[i] = (vl[i] + q[:, idx]).astype(f32)
+                    idx += bw
+            a = vl[0]
+            for i in range(1, 4):
+                a = (a + vl[i]).astype(f32)
+            v[:, yy, xx] = a
+
+    def block_x(v):
+        dim_x = bw
+        if bw > num.warp:
+            off = bw // 2
+            while off >= num.warp:
+                v[:, :, :off] = v[:, :, :off] + v[:, :, off : 2 * off]
+                off //= 2
+            dim_x = num.warp
+        offs = [1 << i for i in range(dim_x.bit_length() - 1)]
+        for off in offs if num.mean_shfl_increasing else offs[::-1]:
+            v = v.copy()
+            v[:, :, : dim_x - off] = v[:, :, : dim_x - off] + v[:, :, off:dim_x]
+        return v
+
+    def block_y(v):
+        off = y // 2
+        while off:
+            v[:, :off, :] = v[:, :off, :] + v[:, off : 2 * off, :]
+            off //= 2
+        return v
+
+    v = block_y(block_x(v)) if num.mean_x_first else block_x(block_y(v))
+    return (v[:, 0, 0] * f32(K._mean_factor(m, d))).astype(f32)
+
+
+NUM = K.default_numerics()
+
+TORCH_ORDER_CASES = [
+    ((4, 64), NUM),
+    ((5, 256), NUM),
+    ((3, 1000), NUM),
+    ((2, 3072), NUM),
+    ((3, 1000), NUM._replace(torch_threads=256)),
+    ((2, 4096), K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
+]
+
+
+@pytest.mark.parametrize("shape,num", TORCH_ORDER_CASES)
+def test_torch_flavour_order_matches_aten_transliteration(shape, num):
+    if HAS_CUDA:
+        pytest.skip("the statistic is rstd: its rsqrt is the interpreter's here, rsqrt.approx on a GPU")
+    x = _rand(shape, torch.bfloat16, seed=shape[1], device="cpu")
+    _, stat = K.rmsnorm_stats(x, None, EPS, "torch", numerics=num)
+    expect = _emulate_fused_rms_rstd(x.float().numpy(), EPS, num.torch_threads, num.warp)
+    np.testing.assert_array_equal(stat.numpy(), expect)
+
+
+MEAN_ORDER_CASES = [
+    ((20, 64), NUM),  # D < 128: vt0 strided accumulators
+    ((20, 65), NUM),  # ... with a tail
+    ((3, 100), NUM),  # < 16 rows: wider blocks
+    ((1, 256), NUM),  # one row: 64-thread block
+    ((3, 1000), NUM),  # 128 threads: shared-memory stage before the shuffles
+    ((17, 1000), NUM),  # the common config: one warp per row
+    ((2, 4096), NUM),
+    ((18, 8192), NUM),  # rows split across 16 warps: block-y tree
+    ((17, 1000), NUM._replace(mean_shfl_increasing=True)),
+    ((18, 8192), NUM._replace(mean_x_first=False)),
+    ((20, 65), K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
+    ((17, 1000), K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
+]
+
+
+@pytest.mark.parametrize("shape,num", MEAN_ORDER_CASES)
+def test_diffusers_flavour_order_matches_aten_transliteration(shape, num):
+    x = _rand(shape, torch.bfloat16, seed=shape[0] + shape[1], device="cpu")
+    _, stat = K.rmsnorm_stats(x.to(DEV), None, EPS, "diffusers", numerics=num)
+    np.testing.assert_array_equal(stat.cpu().numpy(), _emulate_mean(x.float().numpy(), num))
+
+
+@pytest.mark.parametrize("flavour,shape", [("torch", (3, 1000)), ("diffusers", (17, 1000)), ("diffusers", (9, 65))])
+@pytest.mark.parametrize("arrangement", [K.ARR_ARKB, K.ARR_BARK, K.ARR_MERGED])
+@pytest.mark.parametrize("rows_per_program", [1, 2])
+def test_tile_arrangement_never_changes_bits(flavour, shape, arrangement, rows_per_program):
+    """The arrangement only steers Triton's layouts: outputs and statistics are identical."""
+    x = _rand(shape, torch.bfloat16, seed=7)
+    w = _rand(shape[-1], torch.bfloat16, seed=8, scale=0.5, offset=1.0)
+    num = K.default_numerics()
+    got_stat = torch.empty(shape[0], device=DEV)
+    got = K._launch_exact(x, w, None, None, EPS, flavour, num, rows_per_program, 2, got_stat, arrangement, True)
+    ref_stat = torch.empty(shape[0], device=DEV)
+    ref = K._launch_exact(x, w, None, None, EPS, flavour, num, 1, 4, ref_stat, K.ARR_ARKB, False)
+    assert torch.equal(got, ref) and torch.equal(got_stat, ref_stat)
+    scale = _rand((shape[0], 1), torch.bfloat16, seed=9, scale=0.3)
+    shift = _rand((1, shape[1]), torch.bfloat16, seed=10)
+    got = K._launch_exact(x, w, scale, shift, EPS, flavour, num, rows_per_program, 2, None, arrangement, True)
+    ref = K._launch_exact(x, w, scale, shift, EPS, flavour, num, 1, 4, None, K.ARR_ARKB, False)
+    assert torch.equal(got, ref)
+
+
+def test_transliterations_tell_orders_apart():
+    """The order checks above can fail: other orders give other sums on the same data."""
+    x = _rand((300, 1000), torch.bfloat16, seed=3, device="cpu").float().numpy()
+    dec = _emulate_mean(x, NUM._replace(mean_shfl_increasing=False))
+    inc = _emulate_mean(x, NUM._replace(mean_shfl_increasing=True))
+    naive = ((x * x).astype(f32).sum(-1, dtype=f32) * f32(1 / 1000)).astype(f32)
+    assert (dec != inc).any() and (dec != naive).any()
+    r128 = _emulate_fused_rms_rstd(x, EPS, 128, 32)
+    r256 = _emulate_fused_rms_rstd(x, EPS, 256, 32)
+    assert (r128 != r256).any()
+
+
+def test_mean_config_follows_set_reduce_config():
+    # (rows, D) -> (vectorize_input, block width, warps sharing a row, ctas per row)
+    assert K._mean_config(32640, 4096, 32) == (True, 32, 1, 1)
+    assert K._mean_config(1, 4096, 32) == (True, 512, 1, 1)
+    assert K._mean_config(8, 1000, 32) == (True, 64, 1, 1)
+    assert K._mean_config(16, 8192, 32) == (True, 32, 16, 1)
+    assert K._mean_config(4096, 64, 32) == (False, 32, 1, 1)
+    assert isinstance(K._mean_config(4, 1 << 20, 32), str)  # global reduce: rejected
+    assert K._mean_factor(3, 1000) == float(f32(3) / f32(3000))
+
+
+# --------------------------------------------------------------------------------------------------
+# Outputs against the references (tolerance on CPU)
+# --------------------------------------------------------------------------------------------------
+
+RMS_CASES = [
+    ("torch", (3, 7, 64)),
+    ("torch", (5, 1000)),
+    ("torch", (2, 2, 256)),
+    ("diffusers", (3, 7, 64)),
+    ("diffusers", (9, 65)),
+    ("diffusers", (5, 1000)),
+    ("diffusers", (1, 2, 256)),
+]
+
+
+@pytest.mark.parametrize("flavour,shape", RMS_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rmsnorm_close_to_reference(flavour, shape, dtype, with_weight):
+    x = _rand(shape, dtype, seed=1)
+    w = _rand(shape[-1], dtype, seed=2, scale=0.5, offset=1.0) if with_weight else None
+    assert K.supports_rmsnorm(x, w, EPS, flavour) is None
+    out = K.rmsnorm(x, w, EPS, flavour)
+    assert out.is_contiguous()
+    _assert_close(out, _ref(x, w, EPS, flavour), dtype)
+
+
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+def test_d4096_default_launch(flavour):
+    """The benchmark shape's defaults (the diffusers modulate uses the [A*B, R, K] arrangement)."""
+    x = _rand((2, 1, 4096), torch.bfloat16, seed=5)
+    w = _rand(4096, torch.bfloat16, seed=6, scale=0.5, offset=1.0)
+    _assert_close(K.rmsnorm(x, w, EPS, flavour), _ref(x, w, EPS, flavour), torch.bfloat16)
+    scale = _rand((2, 1, 4096), torch.bfloat16, seed=7, scale=0.3)
+    shift = _rand((2, 1, 4096), torch.bfloat16, seed=8)
+    out = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour)
+    extra = (_ref(x, w, EPS, flavour) * (1 + scale)).double().abs()
+    _assert_close(out, _ref_mod(x, scale, shift, w, EPS, flavour), torch.bfloat16, extra)
+
+
+# (x shape, scale/shift shape): every broadcast form the op promises
+MOD_FORMS = [
+    ((2, 5, 64), (2, 1, 64)),
+    ((2, 5, 64), (2, 5, 64)),
+    ((2, 5, 64), (64,)),
+    ((2, 5, 64), (1, 1, 64)),
+    ((2, 3, 2, 2, 64), (2, 1, 1, 1, 64)),
+    ((3, 4, 65), (3, 1, 65)),
+]
+
+
+@pytest.mark.parametrize("x_shape,s_shape", MOD_FORMS)
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rmsnorm_modulate_close_to_reference(x_shape, s_shape, flavour, dtype):
+    x = _rand(x_shape, dtype, seed=11)
+    w = _rand(x_shape[-1], dtype, seed=12, scale=0.5, offset=1.0)
+    scale = _rand(s_shape, dtype, seed=13, scale=0.3)
+    shift = _rand(s_shape, dtype, seed=14)
+    ref = _ref_mod(x, scale, shift, w, EPS, flavour)
+    # error scale: the rounding of n * (1 + scale) before the shift is added
+    extra = (_ref(x, w, EPS, flavour) * (1 + scale)).double().abs()
+    if K.supports_rmsnorm_modulate(x, scale, shift, w, EPS, flavour) is None:
+        _assert_close(K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour), ref, dtype, extra)
+    else:
+        assert flavour == "torch" and x_shape[-1] % 4
+    _assert_close(K.rmsnorm_modulate_fast(x, scale, shift, w, EPS, flavour), ref, dtype, extra)
+
+
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+@pytest.mark.parametrize("shape", [(4, 9, 65), (6, 1000)])
+def test_fast_close_to_reference(flavour, shape):
+    x = _rand(shape, torch.bfloat16, seed=21)
+    w = _rand(shape[-1], torch.bfloat16, seed=22, scale=0.5, offset=1.0)
+    assert K.supports_rmsnorm_fast(x, w, EPS, flavour) is None
+    _assert_close(K.rmsnorm_fast(x, w, EPS, flavour), _ref(x, w, EPS, flavour), torch.bfloat16)
+
+
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+def test_empty_rows(flavour):
+    x = torch.empty(0, 3, 64, dtype=torch.bfloat16, device=DEV)
+    w = torch.ones(64, dtype=torch.bfloat16, device=DEV)
+    s = torch.zeros(0, 1, 64, dtype=torch.bfloat16, device=DEV)
+    for out in (
+        K.rmsnorm(x, w, EPS, flavour),
+        K.rmsnorm_modulate(x, s, s, w, EPS, flavour),
+        K.rmsnorm_fast(x, None, EPS, flavour),
+        K.rmsnorm_modulate_fast(x, s, s, None, EPS, flavour),
+    ):
+        assert out.shape == x.shape and out.dtype == x.dtype
+
+
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+def test_strided_inputs_equal_contiguous(flavour):
+    """Sliced and transposed inputs give bit for bit what the same kernel gives on a copy."""
+    base = _rand((6, 4, 80), torch.bfloat16, seed=31)
+    w = _rand(64, torch.bfloat16, seed=32, scale=0.5, offset=1.0)
+    for x in (base[:, :, :64], base[:, :, 8:72].transpose(0, 1)):
+        assert not x.is_contiguous()
+        assert torch.equal(K.rmsnorm(x, w, EPS, flavour), K.rmsnorm(x.contiguous(), w, EPS, flavour))
+    s = _rand((4, 6, 1, 64), torch.bfloat16, seed=33)[:, :, :, :].transpose(0, 1)  # [6, 4, 1, 64] view
+    x = base[:, :, :64].unsqueeze(2)  # [6, 4, 1, 64]
+    got = K.rmsnorm_modulate(x, s, s, w, EPS, flavour)
+    assert torch.equal(got, K.rmsnorm_modulate(x.contiguous(), s.contiguous(), s.contiguous(), w, EPS, flavour))
+
+
+def test_bcast_layout_addresses_expanded_operand():
+    x_shape = torch.Size((3, 4, 5, 6))
+    for s_shape in [(6,), (1, 1, 1, 6), (3, 1, 1, 6), (3, 4, 5, 6), (3, 1, 5, 6), (1, 4, 1, 6)]:
+        t = torch.arange(float(np.prod(s_shape))).reshape(s_shape)
+        te, inner, s_outer, s_inner, s_col = K._bcast_layout(t, x_shape)
+        rows = torch.arange(3 * 4 * 5)[:, None]
+        cols = torch.arange(6)[None, :]
+        off = (rows // inner) * s_outer + (rows % inner) * s_inner + cols * s_col
+        flat = te.as_strided((te.untyped_storage().nbytes() // te.element_size(),), (1,), 0)
+        got = flat[off + te.storage_offset()]
+        assert torch.equal(got, t.expand(x_shape).reshape(-1, 6)), s_shape
+
+
+def test_supports_reasons():
+    x = _rand((4, 64), torch.bfloat16, seed=41)
+    w = _rand(64, torch.bfloat16, seed=42)
+    assert K.supports_rmsnorm(x, w, EPS, "torch") is None
+    assert "D % 4" in K.supports_rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch")
+    assert "D % 4" in K.supports_rmsnorm(_rand((4, 130), torch.bfloat16, seed=1), None, EPS, "diffusers")
+    assert K.supports_rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "diffusers") is None
+    misaligned = _rand((4 * 64 + 1,), torch.bfloat16, seed=43)[1:].view(4, 64)
+    assert "aligned" in K.supports_rmsnorm(misaligned, w, EPS, "torch")
+    assert K.supports_rmsnorm(misaligned, w, EPS, "diffusers") is None  # the mean reads a fresh copy
+    assert "dtype" in K.supports_rmsnorm(x.double(), None, EPS, "torch")
+    assert "weight" in K.supports_rmsnorm(x, w.float(), EPS, "torch")
+    assert "flavour" in K.supports_rmsnorm(x, w, EPS, "apex")
+    assert "broadcast" in K.supports_rmsnorm_modulate(x, x[:2], x[:2], w, EPS, "torch")
+    assert K.supports_rmsnorm_fast(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch") is None
+    with pytest.raises(ValueError, match="D % 4"):
+        K.rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch")
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: bit-exactness against eager (>= 16M elements per shape)
+# --------------------------------------------------------------------------------------------------
+
+GPU_RMS = (
+    [(fl, d, dt, True) for fl in K.FLAVOURS for d in (1000, 3072, 4096, 5120) for dt in (torch.bfloat16,)]
+    + [
+        (fl, 4096, dt, wt)
+        for fl in K.FLAVOURS
+        for dt, wt in ((torch.float16, True), (torch.float32, True), (torch.bfloat16, False))
+    ]
+    + [
+        ("diffusers", 64, torch.bfloat16, True),
+        ("diffusers", 65, torch.bfloat16, True),
+        ("torch", 64, torch.bfloat16, True),
+    ]
+)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("flavour,d,dtype,with_weight", GPU_RMS)
+def test_gpu_rmsnorm_exact(flavour, d, dtype, with_weight):
+    x = _rand((-(-(1 << 24) // d), d), dtype, seed=d)
+    w = _rand(d, dtype, seed=d + 1, scale=0.5, offset=1.0) if with_weight else None
+    assert torch.equal(K.rmsnorm(x, w, EPS, flavour), _ref(x, w, EPS, flavour))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "x_shape,s_shape",
+    [
+        ((4, 1024, 4096), (4, 1, 4096)),
+        ((4, 1024, 4096), (4, 1024, 4096)),
+        ((4, 1024, 4096), (4096,)),
+        ((4, 1024, 4096), (1, 1, 4096)),
+        ((4, 8, 32, 32, 128), (4, 1, 1, 1, 128)),
+    ],
+)
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+def test_gpu_rmsnorm_modulate_exact(x_shape, s_shape, flavour):
+    dt = torch.bfloat16
+    x = _rand(x_shape, dt, seed=51)
+    w = _rand(x_shape[-1], dt, seed=52, scale=0.5, offset=1.0)
+    scale = _rand(s_shape, dt, seed=53, scale=0.3)
+    shift = _rand(s_shape, dt, seed=54)
+    out = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour)
+    assert torch.equal(out, _ref_mod(x, scale, shift, w, EPS, flavour))

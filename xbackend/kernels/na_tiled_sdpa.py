@@ -1,0 +1,184 @@
+"""Memory-bounded neighborhood attention on top of ``F.scaled_dot_product_attention``.
+
+The fallback that runs anywhere torch runs (CPU, CUDA, ROCm). Queries are processed in chunks
+(spatial boxes); each chunk gathers the bounding box of the keys its queries need and runs one SDPA
+call with a boolean mask over that box. Peak extra memory is bounded by ``max_chunk_elems``
+(query-chunk tokens x key-box tokens x batch x heads), never by N x N.
+
+Dilation is handled by splitting every dilated axis into its ``d`` interleaved groups (strided
+views): within a group the problem is an undilated neighborhood attention, so the window rule and
+the box arithmetic stay one-dimensional and monotone.
+
+Layout is heads-last ``[B, *spatial, heads, head_dim]`` with 1 to 3 spatial dims; the window rule
+per axis is NATTEN's: ``start = clamp(i - k//2, 0, L - k)``, ``end = start + k``; causal axes take
+the last ``k`` positions ``j <= i``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["group_lengths", "neighborhood_attention", "supports", "window_bounds"]
+
+_DEFAULT_CHUNK_ELEMS = 1 << 25
+
+
+def window_bounds(length: int, kernel: int, causal: bool, device: torch.device | None = None):
+    """Per-position ``[start, end)`` of the key window along one undilated axis of ``length``.
+
+    Both bounds are non-decreasing in the query position, which is what lets a contiguous run of
+    queries be served by one contiguous box of keys.
+    """
+    i = torch.arange(length, device=device)
+    if causal:
+        start = (i - kernel + 1).clamp_min(0)
+        end = i + 1
+    else:
+        start = (i - kernel // 2).clamp(0, length - kernel)
+        end = start + kernel
+    return start, end
+
+
+def group_lengths(length: int, dilation: int) -> list[int]:
+    """Lengths of the ``dilation`` interleaved groups ``i % dilation == g`` of an axis."""
+    return [(length - g + dilation - 1) // dilation for g in range(dilation)]
+
+
+def supports(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    scale: float | None,
+) -> str | None:
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        return f"dtype {q.dtype} not supported"
+    if not (k.shape == q.shape and v.shape == q.shape):
+        return "q, k, v must share one shape"
+    if not 1 <= q.dim() - 3 <= 3:
+        return "needs 1 to 3 spatial dims"
+    return None
+
+
+def _chunk_shape(
+    lengths: list[int], kernel: tuple[int, ...], batch_heads: int, budget: int
+) -> list[int]:
+    """Grow a query chunk (innermost axis first) while chunk x key-box x B x H fits the budget."""
+    chunk = [1] * len(lengths)
+
+    def cost(c: list[int]) -> int:
+        box = [min(ci + ki - 1, li) for ci, ki, li in zip(c, kernel, lengths, strict=True)]
+        return math.prod(c) * math.prod(box) * batch_heads
+
+    grown = True
+    while grown:
+        grown = False
+        for a in reversed(range(len(chunk))):
+            if chunk[a] >= lengths[a]:
+                continue
+            trial = list(chunk)
+            trial[a] = min(2 * chunk[a], lengths[a])
+            if cost(trial) <= budget:
+                chunk = trial
+                grown = True
+    return chunk
+
+
+def _axis_mask(start: torch.Tensor, end: torch.Tensor, q0: int, q1: int, lo: int, hi: int):
+    """[q1-q0, hi-lo] bool: key ``lo + j`` lies in the window of query ``q0 + i``."""
+    keys = torch.arange(lo, hi, device=start.device)
+    return (keys[None, :] >= start[q0:q1, None]) & (keys[None, :] < end[q0:q1, None])
+
+
+def _box_mask(masks: list[torch.Tensor]) -> torch.Tensor:
+    """Outer AND of per-axis masks into [prod(q extents), prod(k extents)] (the mask separates)."""
+    n = len(masks)
+    full = None
+    for a, m in enumerate(masks):
+        shape = [1] * (2 * n)
+        shape[a] = m.shape[0]
+        shape[n + a] = m.shape[1]
+        mv = m.view(shape)
+        full = mv if full is None else full & mv
+    assert full is not None
+    nq = math.prod(m.shape[0] for m in masks)
+    nk = math.prod(m.shape[1] for m in masks)
+    return full.reshape(nq, nk)
+
+
+def _undilated(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    kernel: tuple[int, ...],
+    causal: tuple[bool, ...],
+    scale: float,
+    budget: int,
+    compute_dtype: torch.dtype,
+) -> None:
+    b, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
+    lengths = list(q.shape[1:-2])
+    # Host copies give the box limits without a device sync per chunk.
+    host = [window_bounds(L, kk, c) for L, kk, c in zip(lengths, kernel, causal, strict=True)]
+    bounds = [(s.to(q.device), e.to(q.device)) for s, e in host]
+    chunk = _chunk_shape(lengths, kernel, b * heads, budget)
+    ranges = [range(0, L, c) for L, c in zip(lengths, chunk, strict=True)]
+    for starts in itertools.product(*ranges):
+        q_sl, k_sl, masks = [], [], []
+        for a, s in enumerate(starts):
+            e = min(s + chunk[a], lengths[a])
+            lo = int(host[a][0][s])
+            hi = int(host[a][1][e - 1])
+            q_sl.append(slice(s, e))
+            k_sl.append(slice(lo, hi))
+            masks.append(_axis_mask(bounds[a][0], bounds[a][1], s, e, lo, hi))
+        qs = q[(slice(None), *q_sl)]
+        q_shape = qs.shape
+        qc = qs.reshape(b, -1, heads, dim).transpose(1, 2).to(compute_dtype)
+        kc = k[(slice(None), *k_sl)].reshape(b, -1, heads, dim).transpose(1, 2).to(compute_dtype)
+        vc = v[(slice(None), *k_sl)].reshape(b, -1, heads, dim).transpose(1, 2).to(compute_dtype)
+        oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_box_mask(masks), scale=scale)
+        out[(slice(None), *q_sl)] = oc.transpose(1, 2).reshape(q_shape).to(out.dtype)
+
+
+def neighborhood_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    scale: float | None,
+    *,
+    max_chunk_elems: int | None = None,
+    upcast: bool | None = None,
+) -> torch.Tensor:
+    """Neighborhood attention by chunked, box-masked SDPA. Output has q's dtype and shape.
+
+    ``max_chunk_elems`` bounds (query chunk x key box x batch x heads) per SDPA call (default
+    2**25 on CPU, 2**27 on GPUs: fewer, larger calls; the box mask plus its additive form then
+    take ~400 MB).
+    ``upcast`` computes each chunk in fp32 (default: on CPU, whose reduced-precision SDPA path is
+    both slow and less accurate; on GPUs the fused kernels already accumulate in fp32).
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if max_chunk_elems is None:
+        max_chunk_elems = _DEFAULT_CHUNK_ELEMS if q.device.type == "cpu" else _DEFAULT_CHUNK_ELEMS * 4
+    if upcast is None:
+        upcast = q.device.type == "cpu"
+    compute_dtype = torch.float32 if upcast and q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    groups = [range(d) for d in dilation]
+    for g in itertools.product(*groups):
+        sl = (slice(None), *(slice(gi, None, d) for gi, d in zip(g, dilation, strict=True)))
+        _undilated(q[sl], k[sl], v[sl], out[sl], tuple(kernel_size), tuple(is_causal), scale,
+                   max_chunk_elems, compute_dtype)
+    return out

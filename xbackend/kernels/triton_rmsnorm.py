@@ -1,0 +1,918 @@
+"""Triton RMSNorm and RMSNorm + adaLN modulate, bit-exact to eager PyTorch on CUDA.
+
+Two reference flavours (see notes/rmsnorm.md for the derivation from the aten sources):
+
+* ``"torch"``: ``F.rms_norm`` -> aten ``_fused_rms_norm`` -> the vectorized LayerNorm kernel with
+  ``rms_norm=true``. One block of ``torch_threads`` threads per row; thread ``t`` reads 4-element
+  vectors ``t, t + threads, ...`` and folds ``acc = fma(x, x, acc)`` over them in order; a halving
+  shuffle tree over the lanes of each warp, a halving tree over the warps; ``sum / float(D)`` (IEEE
+  division), ``rsqrtf(. + eps)``; output ``round(w * (rstd * x))``.
+* ``"diffusers"``: ``x.float().pow(2).mean(-1)`` -> aten's ``Reduce.cuh`` (``MeanOps``): per-thread
+  accumulators (4 vector lanes, or ``vt0 = 4`` strided ones when D < 128), combined in order, then a
+  block-x tree (shared memory above a warp, then shuffles), an optional block-y tree, then
+  ``sum * factor``; ``x * rsqrtf(v + eps)`` in fp32, rounded to the weight dtype, times the weight.
+
+Every floating-point step is spelled out (``tl.fma`` where nvcc contracts, ``tl.div_rn`` where CUDA
+divides, ``rsqrt.approx.f32`` where CUDA calls ``rsqrtf``) and the kernels are compiled with
+``enable_fp_fusion=False`` so LLVM cannot contract anything PyTorch rounds separately. Sequential
+folds are written as recursive halving of the fold axis (``tl.split``), trees as sums over size-2
+axes, so the result does not depend on the register layout Triton picks.
+
+``rmsnorm_fast`` / ``rmsnorm_modulate_fast`` use one ``tl.sum`` of squares instead, for inputs the
+exact kernels reject (torch flavour with D % 4 != 0 or misaligned x, D > 16384). Measured on an
+H200 over 16.8M elements: rmsnorm max 1 ULP ("torch") / 2 ULP ("diffusers"); the modulate up to
+64 ULP, where ``+ shift`` cancels (give it a tolerance contract).
+
+Launch configuration (keyword arguments of every entry point): ``rows_per_program`` and
+``num_warps``; the defaults were measured best on an H200 at [32640, 4096] bf16 (1 row, 4 warps,
+97-98% of ``copy_`` bandwidth). ``numerics`` picks the PyTorch build whose order is reproduced:
+``CUDA_NUMERICS`` (verified) or ``ROCM_NUMERICS`` (read from the sources, not verified on AMD).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+FLAVOURS = ("torch", "diffusers")
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_TORCH_VEC = 4  # aten layer_norm_kernel.cu: vec_size, the same for every dtype
+_MEAN_VEC = 4  # Reduce.cuh: input_vec_size == vt0 == 4 for fp32 input (the squares are fp32)
+_MEAN_VT0 = 4
+_MAX_EXACT_D = 16384  # longest fold the kernel unrolls: 128 steps (torch) / 64 steps (mean)
+_MAX_FAST_D = 32768
+
+# ARR constexpr: how the exact kernel's tile is arranged (performance only, never the arithmetic).
+ARR_ARKB = tl.constexpr(0)
+ARR_BARK = tl.constexpr(1)
+ARR_MERGED = tl.constexpr(2)
+
+# RSQRT constexpr: which reciprocal square root the kernel calls.
+RSQRT_PTX = 0  # rsqrt.approx.f32, what nvcc emits for rsqrtf (aten's rsqrt on CUDA)
+RSQRT_MATH = 1  # tl.math.rsqrt: the interpreter, and the ROCm build (ocml rsqrt)
+
+
+class Numerics(NamedTuple):
+    """Which PyTorch build's reduction order to reproduce (constants of that build, not tunables)."""
+
+    torch_threads: int  # threads per row of the vectorized layer-norm kernel: num_threads()
+    warp: int  # C10_WARP_SIZE
+    mean_shfl_increasing: bool  # Reduce.cuh block_x_reduce shuffles offsets 1,2,4.. (ROCm) or ..4,2,1 (CUDA)
+    mean_x_first: bool  # Reduce.cuh reduces block x before block y (newer builds) or after
+    rsqrt: int  # RSQRT_PTX or RSQRT_MATH
+
+
+# torch 2.11 + CUDA: num_threads() = 4 warps, decreasing shuffle offsets, block_x before block_y.
+CUDA_NUMERICS = Numerics(torch_threads=128, warp=32, mean_shfl_increasing=False, mean_x_first=True, rsqrt=RSQRT_PTX)
+# ROCm builds: num_threads() = 1024, wave64, increasing shuffle offsets (#if USE_ROCM). Not verified on a GPU.
+ROCM_NUMERICS = Numerics(torch_threads=1024, warp=64, mean_shfl_increasing=True, mean_x_first=True, rsqrt=RSQRT_MATH)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_numerics(x: torch.Tensor | None = None) -> Numerics:
+    """The numerics of the PyTorch build this process runs (the reference is computed by it)."""
+    base = ROCM_NUMERICS if torch.version.hip else CUDA_NUMERICS
+    if _interpreting():
+        return base._replace(rsqrt=RSQRT_MATH)  # inline PTX cannot run in the interpreter
+    return base
+
+
+# --------------------------------------------------------------------------------------------------
+# Device helpers
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fold_step(acc, v, FMA: tl.constexpr):
+    if FMA:
+        return tl.fma(v, v, acc)  # nvcc contracts `sigma2 + val * val`
+    else:
+        return acc + v
+
+
+@triton.jit
+def _halves(x):
+    """[R, P, 2H] -> first half [R, P, H], second half [R, P, H] (along the last axis)."""
+    y = tl.reshape(x, [x.shape[0], x.shape[1], 2, x.shape[2] // 2])
+    return tl.split(tl.permute(y, (0, 1, 3, 2)))
+
+
+@triton.jit
+def _fold1(x, acc, FMA: tl.constexpr):
+    return _fold_step(acc, tl.reshape(x, [x.shape[0], x.shape[1]]), FMA)
+
+
+@triton.jit
+def _fold2(x, acc, FMA: tl.constexpr):
+    lo, hi = _halves(x)
+    return _fold1(hi, _fold1(lo, acc, FMA), FMA)
+
+
+@triton.jit
+def _fold4(x, acc, FMA: tl.constexpr):
+    lo, hi = _halves(x)
+    return _fold2(hi, _fold2(lo, acc, FMA), FMA)
+
+
+@triton.jit
+def _fold8(x, acc, FMA: tl.constexpr):
+    lo, hi = _halves(x)
+    return _fold4(hi, _fold4(lo, acc, FMA), FMA)
+
+
+@triton.jit
+def _fold16(x, acc, FMA: tl.constexpr):
+    lo, hi = _halves(x)
+    return _fold8(hi, _fold8(lo, acc, FMA), FMA)
+
+
+@triton.jit
+def _fold32(x, acc, FMA: tl.constexpr):
+    lo, hi = _halves(x)
+    return _fold16(hi, _fold16(lo, acc, FMA), FMA)
+
+
+@triton.jit
+def _fold64(x, acc, FMA: tl.constexpr):
+    lo, hi = _halves(x)
+    return _fold32(hi, _fold32(lo, acc, FMA), FMA)
+
+
+@triton.jit
+def _fold128(x, acc, FMA: tl.constexpr):
+    lo, hi = _halves(x)
+    return _fold64(hi, _fold64(lo, acc, FMA), FMA)
+
+
+@triton.jit
+def _fold(x, acc, FMA: tl.constexpr):
+    """Left fold of x [R, P, N] over its last axis in index order into acc [R, P]."""
+    N: tl.constexpr = x.shape[2]
+    if N == 1:
+        out = _fold1(x, acc, FMA)
+    elif N == 2:
+        out = _fold2(x, acc, FMA)
+    elif N == 4:
+        out = _fold4(x, acc, FMA)
+    elif N == 8:
+        out = _fold8(x, acc, FMA)
+    elif N == 16:
+        out = _fold16(x, acc, FMA)
+    elif N == 32:
+        out = _fold32(x, acc, FMA)
+    elif N == 64:
+        out = _fold64(x, acc, FMA)
+    else:
+        tl.static_assert(N == 128, "fold length must be a power of two <= 128")
+        out = _fold128(x, acc, FMA)
+    return out
+
+
+@triton.jit
+def _tree(v, N: tl.constexpr, ADJACENT: tl.constexpr):
+    """Reduce v [R, G, N] over its last axis like a shuffle tree over N lanes -> [R, G].
+
+    ADJACENT=False: offsets N/2, N/4, .., 1 (lane l adds lane l + offset: a halving tree).
+    ADJACENT=True: offsets 1, 2, .., N/2 (lane 0 ends with ((v0+v1)+(v2+v3))+...).
+    """
+    tl.static_assert(N <= 1024, "tree wider than 1024 lanes")
+    for _ in tl.static_range(10):  # log2(1024) levels at most; exhausted levels emit nothing
+        if v.shape[2] > 1:
+            if ADJACENT:
+                v = tl.sum(tl.reshape(v, [v.shape[0], v.shape[1], v.shape[2] // 2, 2]), axis=3)
+            else:
+                v = tl.sum(tl.reshape(v, [v.shape[0], v.shape[1], 2, v.shape[2] // 2]), axis=2)
+    return tl.reshape(v, [v.shape[0], v.shape[1]])
+
+
+@triton.jit
+def _block_x_tree(v, BW: tl.constexpr, LANES: tl.constexpr, ADJACENT: tl.constexpr):
+    """Reduce.cuh block_x_reduce over v [R, G, BW] -> [R, G]."""
+    R: tl.constexpr = v.shape[0]
+    G: tl.constexpr = v.shape[1]
+    if BW > LANES:
+        # shared-memory halving (offsets BW/2 .. LANES) over the bits above the lane index
+        h = tl.permute(tl.reshape(v, [R, G, BW // LANES, LANES]), (0, 1, 3, 2))
+        h = _tree(tl.reshape(h, [R, G * LANES, BW // LANES]), BW // LANES, False)
+        out = _tree(tl.reshape(h, [R, G, LANES]), LANES, ADJACENT)
+    else:
+        out = _tree(v, BW, ADJACENT)
+    return out
+
+
+@triton.jit
+def _rsqrt(v, MODE: tl.constexpr):
+    if MODE == 0:
+        out = tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        out = tl.math.rsqrt(v)
+    return out
+
+
+@triton.jit
+def _normalize(x, rstd, w, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """Output of rmsnorm from fp32 x, the row's rstd (broadcastable) and fp32 weight."""
+    if FLAVOUR == 0:
+        if HAS_W:
+            y = (w * (rstd * x)).to(OUT_DTYPE)  # aten: gamma * (rstd * x), one rounding
+        else:
+            y = (rstd * x).to(OUT_DTYPE)
+    else:
+        h = (x * rstd).to(OUT_DTYPE)  # diffusers: round to the weight dtype first
+        if HAS_W:
+            y = (h.to(tl.float32) * w).to(OUT_DTYPE)
+        else:
+            y = h
+    return y
+
+
+@triton.jit
+def _modulate(y, sc, sh, OUT_DTYPE: tl.constexpr):
+    """Eager ``y * (1 + scale) + shift``: each op in fp32, rounded to the dtype."""
+    one_plus = (sc.to(tl.float32) + 1.0).to(OUT_DTYPE)
+    prod = (y.to(tl.float32) * one_plus.to(tl.float32)).to(OUT_DTYPE)
+    return (prod.to(tl.float32) + sh.to(tl.float32)).to(OUT_DTYPE)
+
+
+@triton.jit
+def _bcast_ptrs(ptr, rows, toff, koff, inner, s_outer, s_inner, s_col):
+    """Pointers into a [M, D]-broadcast operand: row r -> (r // inner, r % inner), column toff + koff."""
+    ro = rows // inner
+    ri = rows - ro * inner
+    return ptr + (ro * s_outer + ri * s_inner + toff * s_col) + koff * s_col
+
+
+# --------------------------------------------------------------------------------------------------
+# Exact kernel
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _to_fold_order(x, ARR: tl.constexpr, R: tl.constexpr, K: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """The loaded tile as [R, A, B, K] whatever its arrangement (a pure relabeling)."""
+    if ARR == ARR_ARKB:
+        out = tl.permute(x, (1, 0, 3, 2))
+    elif ARR == ARR_BARK:
+        out = tl.permute(x, (2, 1, 0, 3))
+    else:
+        out = tl.permute(tl.reshape(x, [A, B, R, K]), (2, 0, 1, 3))
+    return out
+
+
+@triton.jit(do_not_specialize=["col_stride"])
+def _rmsnorm_exact_kernel(
+    x_ptr,
+    w_ptr,
+    sc_ptr,
+    sh_ptr,
+    out_ptr,
+    stat_ptr,
+    M,
+    stride_xm,
+    col_stride,
+    sc_inner,
+    sc_so,
+    sc_si,
+    sc_sc,
+    sh_inner,
+    sh_so,
+    sh_si,
+    sh_sc,
+    eps,
+    factor,
+    D: tl.constexpr,
+    FLAVOUR: tl.constexpr,  # 0: aten fused rms_norm, 1: diffusers (mean reduce)
+    HAS_W: tl.constexpr,
+    MODULATE: tl.constexpr,
+    STORE_STAT: tl.constexpr,  # write rstd (torch) / mean of squares (diffusers) per row
+    R: tl.constexpr,  # rows per program
+    K: tl.constexpr,  # loop iterations per thread of the emulated kernel (padded to 2^n)
+    A: tl.constexpr,  # VEC_FORM: emulated threads per row; else: vt0 accumulators
+    B: tl.constexpr,  # VEC_FORM: vector width; else: emulated threads per row
+    VEC_FORM: tl.constexpr,  # row element (k*A + a)*B + b
+    ARR: tl.constexpr,  # tile arrangement, see ARR_*
+    STREAM: tl.constexpr,  # evict-first hints on the streamed x / out
+    LANES: tl.constexpr,
+    BW: tl.constexpr,  # diffusers: block width (threads in x)
+    Y: tl.constexpr,  # diffusers: threads in y sharing a row (warp split), 1 if none
+    SHFL_ADJ: tl.constexpr,
+    X_FIRST: tl.constexpr,
+    RSQRT: tl.constexpr,
+):
+    # The tile's dimension order steers Triton's load layout (lanes go to the most contiguous dim,
+    # ties in dimension order), the arithmetic does not depend on it:
+    #   ARR_ARKB [A, R, K, B]: 4-element vectors, thread = emulated thread (torch: folds in registers)
+    #   ARR_BARK [B, A, R, K]: scalar loads behind an opaque column stride, thread = one whole fold
+    #   ARR_MERGED [A*B, R, K]: 8-element (16-byte) vectors, two emulated threads per thread
+    pid = tl.program_id(0).to(tl.int64)
+    r1 = pid * R + tl.arange(0, R)
+    if ARR == ARR_ARKB:
+        rr = r1[None, :, None, None]
+        kk = tl.arange(0, K)[None, None, :, None]
+        toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
+    elif ARR == ARR_BARK:
+        rr = r1[None, None, :, None]
+        kk = tl.arange(0, K)[None, None, None, :]
+        # the opaque stride (== 1) hides the contiguity from the coalescing pass; adding the
+        # per-register k offset last lets every element address be base + immediate
+        toff = tl.arange(0, A)[None, :, None, None] * B + tl.arange(0, B)[:, None, None, None] * col_stride
+    else:
+        rr = r1[None, :, None]
+        kk = tl.arange(0, K)[None, None, :]
+        toff = tl.arange(0, A * B)[:, None, None]
+    koff = kk * (A * B)
+    cols = toff + koff
+    cmask = cols < D
+    mask = (rr < M) & cmask
+    if STREAM:
+        x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0)
+    x = x.to(tl.float32)
+
+    if FLAVOUR == 0:
+        # thread a folds its vectors k = 0.. and their 4 elements, k-major: fma(x, x, acc)
+        xs = tl.permute(_to_fold_order(x, ARR, R, K, A, B), (0, 1, 3, 2))  # [R, A, K, B]
+        acc = _fold(tl.reshape(xs, [R, A, K * B]), tl.zeros([R, A], tl.float32), True)
+        acc = _tree(tl.reshape(acc, [R, A // LANES, LANES]), LANES, False)  # lanes, per warp
+        tot = tl.reshape(_tree(tl.reshape(acc, [R, 1, A // LANES]), A // LANES, False), [R])  # warps
+        stat = tl.div_rn(tot, tl.full([R], D, tl.float32))
+    else:
+        q = x * x  # pow(2) is its own rounded kernel; fp fusion is off, so no FMA with the add below
+        qs = _to_fold_order(q, ARR, R, K, A, B)  # [R, A, B, K]
+        if not VEC_FORM:
+            qs = tl.permute(qs, (0, 2, 1, 3))  # [R, thread, accumulator, k]
+        S: tl.constexpr = BW * Y
+        acc = _fold(tl.reshape(qs, [R, S * 4, K]), tl.zeros([R, S * 4], tl.float32), False)
+        acc = _fold(tl.reshape(acc, [R, S, 4]), tl.zeros([R, S], tl.float32), False)  # v0+v1+v2+v3
+        acc = tl.reshape(acc, [R, Y, BW])
+        if X_FIRST:
+            acc = _block_x_tree(acc, BW, LANES, SHFL_ADJ)
+            tot = tl.reshape(_tree(tl.reshape(acc, [R, 1, Y]), Y, False), [R])
+        else:
+            acc = _tree(tl.permute(acc, (0, 2, 1)), Y, False)
+            tot = tl.reshape(_block_x_tree(tl.reshape(acc, [R, 1, BW]), BW, LANES, SHFL_ADJ), [R])
+        stat = tot * factor
+
+    rstd = _rsqrt(stat + eps, RSQRT)
+    if STORE_STAT:
+        if FLAVOUR == 0:
+            tl.store(stat_ptr + r1, rstd, mask=r1 < M)
+        else:
+            tl.store(stat_ptr + r1, stat, mask=r1 < M)
+
+    if ARR == ARR_ARKB:
+        rstd = rstd[None, :, None, None]
+    elif ARR == ARR_BARK:
+        rstd = rstd[None, None, :, None]
+    else:
+        rstd = rstd[None, :, None]
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    if HAS_W:
+        w = tl.load(w_ptr + toff + koff, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    else:
+        w = x  # unused
+    y = _normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype)
+    if MODULATE:
+        sc = tl.load(_bcast_ptrs(sc_ptr, rr, toff, koff, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
+        sh = tl.load(_bcast_ptrs(sh_ptr, rr, toff, koff, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
+        y = _modulate(y, sc, sh, out_dtype)
+    if STREAM:
+        tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask, eviction_policy="evict_first")
+    else:
+        tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fast (single tl.sum) kernel
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rmsnorm_fast_kernel(
+    x_ptr,
+    w_ptr,
+    sc_ptr,
+    sh_ptr,
+    out_ptr,
+    M,
+    stride_xm,
+    sc_inner,
+    sc_so,
+    sc_si,
+    sc_sc,
+    sh_inner,
+    sh_so,
+    sh_si,
+    sh_sc,
+    eps,
+    inv_d,
+    D: tl.constexpr,
+    FLAVOUR: tl.constexpr,
+    HAS_W: tl.constexpr,
+    MODULATE: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    RSQRT: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    rows = (pid * R + tl.arange(0, R))[:, None]
+    cols = tl.arange(0, BLOCK_D)[None, :]
+    rmask = rows < M
+    cmask = cols < D
+    mask = rmask & cmask
+    x = tl.load(x_ptr + rows * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    ms = tl.sum(x * x, axis=1) * inv_d
+    rstd = _rsqrt(ms + eps, RSQRT)[:, None]
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        w = x  # unused
+    y = _normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype)
+    if MODULATE:
+        sc = tl.load(_bcast_ptrs(sc_ptr, rows, cols, 0, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
+        sh = tl.load(_bcast_ptrs(sh_ptr, rows, cols, 0, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
+        y = _modulate(y, sc, sh, out_dtype)
+    tl.store(out_ptr + rows * D + cols, y, mask=mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side: reduction plans
+# --------------------------------------------------------------------------------------------------
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class _Plan(NamedTuple):
+    """Tile of the exact kernel: [K, A, B] per row, plus the emulated block shape."""
+
+    k: int
+    a: int
+    b: int
+    vec_form: bool
+    bw: int
+    y: int
+
+
+def _torch_plan(d: int, num: Numerics) -> _Plan:
+    """aten vectorized layer-norm kernel: torch_threads threads, vec_size 4, no tail (D % 4 == 0)."""
+    threads = num.torch_threads
+    iters = -(-(d // _TORCH_VEC) // threads)
+    return _Plan(k=_next_pow2(iters), a=threads, b=_TORCH_VEC, vec_form=True, bw=threads, y=1)
+
+
+def _mean_config(m: int, d: int, warp: int) -> tuple[bool, int, int, int] | str:
+    """Reduce.cuh setReduceConfig for a contiguous fp32 [m, d] tensor reduced over its last dim.
+
+    Returns (vectorize_input, block_width, threads in y per row, ctas per output) or a reason.
+    """
+    max_threads = 512  # mnt_wrapper<float>::MAX_NUM_THREADS
+    vectorize = d >= 128  # reduction on the fastest dim, one reduce dim
+    dim0 = d // _MEAN_VEC if vectorize else d
+    dim1 = m
+    dim0_pow2 = _last_pow2(dim0) if dim0 < max_threads else max_threads
+    dim1_pow2 = _last_pow2(dim1) if dim1 < max_threads else max_threads
+    bw = min(dim0_pow2, warp)
+    bh = min(dim1_pow2, max_threads // bw)
+    bw = min(dim0_pow2, max_threads // bh)
+    step_input = bw
+    values_per_thread = -(-d // step_input)
+    split_across_warps = values_per_thread >= min(bh * 16, 256)
+    y = bh if split_across_warps else 1
+    step_input *= y
+    if split_across_warps and -(-d // step_input) >= 256:
+        return "the mean reduce would split rows across thread blocks (global reduce)"
+    return vectorize, bw, y, 1
+
+
+def _mean_plan(m: int, d: int, num: Numerics) -> _Plan | str:
+    cfg = _mean_config(m, d, num.warp)
+    if isinstance(cfg, str):
+        return cfg
+    vectorize, bw, y, _ = cfg
+    if vectorize and d % _MEAN_VEC:
+        return "diffusers exact needs D % 4 == 0 when D >= 128 (aten shifts misaligned rows)"
+    threads = bw * y
+    if vectorize:
+        iters = -(-(d // _MEAN_VEC) // threads)
+        return _Plan(k=_next_pow2(iters), a=threads, b=_MEAN_VEC, vec_form=True, bw=bw, y=y)
+    per_thread = -(-d // threads)
+    iters = -(-per_thread // _MEAN_VT0)
+    return _Plan(k=_next_pow2(iters), a=_MEAN_VT0, b=threads, vec_form=False, bw=bw, y=y)
+
+
+def _mean_factor(m: int, d: int) -> float:
+    """MeanOps factor: float(num_outputs) / numel, all in fp32 like aten."""
+    return float(np.float32(m) / np.float32(m * d))
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side: operands
+# --------------------------------------------------------------------------------------------------
+
+
+def _rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x as [M, D] rows with unit column stride (a view when possible)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[-1] > 1 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def _bcast_layout(t: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, int, int, int, int]:
+    """(tensor, inner, outer stride, inner stride, column stride) addressing t broadcast to shape.
+
+    Row r of the [M, D] view maps to (r // inner) * s_outer + (r % inner) * s_inner; every listed
+    broadcast form ([D], [1,..,1,D], [B,1,D], [B,L,D], [B,1,1,1,D]) needs at most two such groups.
+    """
+    te = t.expand(shape)
+    lead = list(zip(shape[:-1], te.stride()[:-1], strict=True))
+    groups: list[list[int]] = []  # [size, stride], innermost first
+    for size, stride in reversed(lead):
+        if size == 1:
+            continue
+        if groups and stride == groups[-1][1] * groups[-1][0]:
+            groups[-1][0] *= size
+        else:
+            groups.append([size, stride])
+    m = math.prod(shape[:-1])
+    if len(groups) > 2:
+        tc = te.contiguous()
+        return tc, max(m, 1), 0, shape[-1], 1
+    if not groups:
+        return te, max(m, 1), 0, 0, te.stride(-1)
+    inner, s_inner = groups[0]
+    s_outer = groups[1][1] if len(groups) == 2 else 0
+    return te, inner, s_outer, s_inner, te.stride(-1)
+
+
+def _check_common(x: torch.Tensor, weight: torch.Tensor | None, flavour: str) -> str | None:
+    if flavour not in FLAVOURS:
+        return f"unknown flavour {flavour!r}"
+    if x.dtype not in _DTYPES:
+        return f"dtype {x.dtype} not in bf16/fp16/fp32"
+    # CUDA/ROCm, the interpreter on CPU, or meta tensors when the resolver plans for another device.
+    if not (x.is_cuda or x.is_meta or (_interpreting() and x.device.type == "cpu")):
+        return "needs a CUDA/ROCm tensor"
+    if x.dim() == 0:
+        return "needs at least one dimension"
+    if weight is not None:
+        if weight.dtype != x.dtype:
+            return "weight dtype differs from x"
+        if tuple(weight.shape) != (x.shape[-1],):
+            return "weight is not [D]"
+        if weight.device != x.device:
+            return "weight on another device"
+    return None
+
+
+def _check_bcast(x: torch.Tensor, t: torch.Tensor, name: str) -> str | None:
+    if t.dtype != x.dtype:
+        return f"{name} dtype differs from x"
+    if t.device != x.device:
+        return f"{name} on another device"
+    try:
+        torch.broadcast_shapes(t.shape, x.shape)
+    except RuntimeError:
+        return f"{name} does not broadcast to x"
+    if torch.broadcast_shapes(t.shape, x.shape) != x.shape:
+        return f"{name} broadcasting would grow x"
+    return None
+
+
+def _aten_vectorizes(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """aten takes the vectorized kernel only if X (after expect_contiguous) and gamma are aligned."""
+    align = _TORCH_VEC * x.element_size()
+    if x.is_contiguous() and x.data_ptr() % align:
+        return False
+    return weight is None or not weight.is_contiguous() or weight.data_ptr() % align == 0
+
+
+def _exact_reason(x: torch.Tensor, weight: torch.Tensor | None, flavour: str, num: Numerics) -> str | None:
+    reason = _check_common(x, weight, flavour)
+    if reason:
+        return reason
+    d = x.shape[-1]
+    if d > _MAX_EXACT_D:
+        return f"D > {_MAX_EXACT_D}"
+    if flavour == "torch":
+        if d % _TORCH_VEC:
+            return "torch exact needs D % 4 == 0 (aten runs its Welford kernel otherwise)"
+        if not _aten_vectorizes(x, weight):
+            return "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
+        return None
+    m = x.numel() // max(d, 1)
+    plan = _mean_plan(max(m, 1), d, num)
+    return plan if isinstance(plan, str) else None
+
+
+def supports_rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str, *, numerics: Numerics | None = None
+) -> str | None:
+    """None if ``rmsnorm`` reproduces the reference bit for bit on this input, else a short reason."""
+    return _exact_reason(x, weight, flavour, numerics or default_numerics(x))
+
+
+def supports_rmsnorm_modulate(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    numerics: Numerics | None = None,
+) -> str | None:
+    """None if ``rmsnorm_modulate`` is bit-exact on this input, else a short reason."""
+    reason = _exact_reason(x, weight, flavour, numerics or default_numerics(x))
+    return reason or _check_bcast(x, scale, "scale") or _check_bcast(x, shift, "shift")
+
+
+def supports_rmsnorm_fast(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
+    """None if ``rmsnorm_fast`` can run (approximate: ulp contract, not exact)."""
+    reason = _check_common(x, weight, flavour)
+    if reason is None and x.shape[-1] > _MAX_FAST_D:
+        reason = f"D > {_MAX_FAST_D}"
+    return reason
+
+
+def supports_rmsnorm_fast_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
+    """``supports_rmsnorm_fast`` for flavour "torch" only (max 1 ulp: one registration, ulp(1))."""
+    return supports_rmsnorm_fast(x, weight, eps, flavour) if flavour == "torch" else "registered for flavour 'torch' only"
+
+
+def supports_rmsnorm_fast_diffusers(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
+    """``supports_rmsnorm_fast`` for flavour "diffusers" only (max 2 ulp: its own registration, ulp(2))."""
+    if flavour != "diffusers":
+        return "registered for flavour 'diffusers' only"
+    return supports_rmsnorm_fast(x, weight, eps, flavour)
+
+
+def supports_rmsnorm_modulate_fast(
+    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str
+) -> str | None:
+    """None if ``rmsnorm_modulate_fast`` can run (approximate)."""
+    reason = supports_rmsnorm_fast(x, weight, eps, flavour)
+    return reason or _check_bcast(x, scale, "scale") or _check_bcast(x, shift, "shift")
+
+
+# --------------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------------
+
+_NO_BCAST = (1, 0, 0, 0)
+
+
+def _modulate_args(
+    x: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None
+) -> tuple[torch.Tensor, tuple[int, int, int, int], torch.Tensor, tuple[int, int, int, int]]:
+    if scale is None or shift is None:
+        return x, _NO_BCAST, x, _NO_BCAST
+    sc, *sc_l = _bcast_layout(scale, x.shape)
+    sh, *sh_l = _bcast_layout(shift, x.shape)
+    return sc, tuple(sc_l), sh, tuple(sh_l)
+
+
+def _default_arrangement(flavour: str, plan: _Plan, rows_per_program: int, modulate: bool) -> int:
+    """Tile arrangement measured fastest on an H200 at [32640, 4096] bf16.
+
+    [A, R, K, B] keeps the torch flavour's folds in registers (4-element vectors); the diffusers
+    modulate moves a third less through shared memory with 16-byte vectors ([A*B, R, K]), and
+    the two are even for the diffusers rmsnorm. Other shapes keep the layout that was measured.
+    """
+    if flavour == "diffusers" and modulate and plan.vec_form and rows_per_program == 1:
+        return int(ARR_MERGED)
+    return int(ARR_ARKB)
+
+
+def _default_rows(tile: int) -> int:
+    """Rows per program: small rows are batched so a program moves at least ~4K elements."""
+    return max(1, min(64, _last_pow2(max(1, 4096 // max(tile, 1)))))
+
+
+def _default_warps(elems: int) -> int:
+    return max(1, min(8, _next_pow2(max(1, elems // 1024))))
+
+
+def _launch_exact(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    num: Numerics,
+    rows_per_program: int | None,
+    num_warps: int | None,
+    stat: torch.Tensor | None,
+    arrangement: int | None = None,
+    stream: bool = False,
+) -> torch.Tensor:
+    reason = _exact_reason(x, weight, flavour, num)
+    if reason:
+        raise ValueError(f"triton rmsnorm exact: {reason}")
+    d = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    x2 = _rows_of(x)
+    m = x2.shape[0]
+    if flavour == "torch":
+        plan = _torch_plan(d, num)
+        factor = 1.0
+    else:
+        plan = _mean_plan(m, d, num)
+        assert not isinstance(plan, str)
+        factor = _mean_factor(m, d)
+    tile = plan.k * plan.a * plan.b
+    r = rows_per_program or _default_rows(tile)
+    if arrangement is None:
+        arrangement = _default_arrangement(flavour, plan, r, scale is not None)
+    # torch: one warp per 32 emulated threads, the rest of a row stays in registers (4 warps on
+    # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200.
+    warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
+    sc, sc_l, sh, sh_l = _modulate_args(x, scale, shift)
+    grid = (triton.cdiv(m, r),)
+    _rmsnorm_exact_kernel[grid](
+        x2,
+        weight if weight is not None else x2,
+        sc,
+        sh,
+        out,
+        stat if stat is not None else out,
+        m,
+        x2.stride(0),
+        1,
+        *sc_l,
+        *sh_l,
+        _f32(eps),
+        factor,
+        D=d,
+        FLAVOUR=FLAVOURS.index(flavour),
+        HAS_W=weight is not None,
+        MODULATE=scale is not None,
+        STORE_STAT=stat is not None,
+        R=r,
+        K=plan.k,
+        A=plan.a,
+        B=plan.b,
+        VEC_FORM=plan.vec_form,
+        ARR=arrangement,
+        STREAM=stream,
+        LANES=num.warp,
+        BW=plan.bw,
+        Y=plan.y,
+        SHFL_ADJ=num.mean_shfl_increasing,
+        X_FIRST=num.mean_x_first,
+        RSQRT=num.rsqrt,
+        num_warps=warps,
+        enable_fp_fusion=False,
+    )
+    return out
+
+
+def rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    rows_per_program: int | None = None,
+    num_warps: int | None = None,
+    numerics: Numerics | None = None,
+) -> torch.Tensor:
+    """RMSNorm bit-exact to the ``flavour`` reference (see module docstring).
+
+    Launch config: ``rows_per_program`` rows per Triton program (default: short rows batched to
+    ~4096 tile elements, 1 row at D = 4096) and ``num_warps`` (default 4 on CUDA numerics). ``numerics`` selects the PyTorch
+    build whose reduction order is reproduced (default: this process's build). Raises ValueError
+    where ``supports_rmsnorm`` gives a reason.
+    """
+    return _launch_exact(
+        x, weight, None, None, eps, flavour, numerics or default_numerics(x), rows_per_program, num_warps, None
+    )
+
+
+def rmsnorm_modulate(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    rows_per_program: int | None = None,
+    num_warps: int | None = None,
+    numerics: Numerics | None = None,
+) -> torch.Tensor:
+    """``rmsnorm(x) * (1 + scale) + shift`` in one kernel, every step rounded like eager."""
+    return _launch_exact(
+        x, weight, scale, shift, eps, flavour, numerics or default_numerics(x), rows_per_program, num_warps, None
+    )
+
+
+def rmsnorm_stats(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str, *, numerics: Numerics | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, per-row statistic): rstd for "torch", mean of squares for "diffusers" (diagnostics)."""
+    m = x.numel() // max(x.shape[-1], 1)
+    stat = torch.empty(m, dtype=torch.float32, device=x.device)
+    out = _launch_exact(x, weight, None, None, eps, flavour, numerics or default_numerics(x), None, None, stat)
+    return out, stat
+
+
+def _launch_fast(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    rows_per_program: int | None,
+    num_warps: int | None,
+    rsqrt: int | None,
+) -> torch.Tensor:
+    reason = supports_rmsnorm_fast(x, weight, eps, flavour)
+    if reason:
+        raise ValueError(f"triton rmsnorm fast: {reason}")
+    d = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    x2 = _rows_of(x)
+    m = x2.shape[0]
+    block_d = _next_pow2(d)
+    r = rows_per_program or _default_rows(block_d)
+    warps = num_warps or _default_warps(r * block_d)
+    sc, sc_l, sh, sh_l = _modulate_args(x, scale, shift)
+    _rmsnorm_fast_kernel[(triton.cdiv(m, r),)](
+        x2,
+        weight if weight is not None else x2,
+        sc,
+        sh,
+        out,
+        m,
+        x2.stride(0),
+        *sc_l,
+        *sh_l,
+        _f32(eps),
+        _f32(1.0 / d),
+        D=d,
+        FLAVOUR=FLAVOURS.index(flavour),
+        HAS_W=weight is not None,
+        MODULATE=scale is not None,
+        R=r,
+        BLOCK_D=block_d,
+        RSQRT=default_numerics(x).rsqrt if rsqrt is None else rsqrt,
+        num_warps=warps,
+        enable_fp_fusion=False,
+    )
+    return out
+
+
+def rmsnorm_fast(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    rows_per_program: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """RMSNorm with one tree-summed reduction: same roundings as the flavour, not bit-exact."""
+    return _launch_fast(x, weight, None, None, eps, flavour, rows_per_program, num_warps, None)
+
+
+def rmsnorm_modulate_fast(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    rows_per_program: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Fused approximate ``rmsnorm_fast(x) * (1 + scale) + shift`` with eager's per-op roundings."""
+    return _launch_fast(x, weight, scale, shift, eps, flavour, rows_per_program, num_warps, None)
