@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
     b = sub.add_parser("bench", help="benchmark ops against eager, torch.compile and copy_ (GPU)")
     b.add_argument("ops", nargs="*", help="ops to bench; default all pointwise ops")
-    b.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
+    b.add_argument("--quick", action="store_true", help="only the shapes the bars are stated on, fewer repeats")
     b.add_argument("--png", help="also write a bar chart to this PNG path (needs matplotlib)")
     b.add_argument("--json", help="also write the rows to this JSON path")
     b.set_defaults(func=cmd_bench)

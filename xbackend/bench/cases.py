@@ -18,6 +18,8 @@ class Case:
     bytes_moved: int = 0  # fewest bytes a kernel must read + write
     flops: float = 0.0  # useful FLOPs (attention)
     small: bool = False  # also time host-inclusive against one eager launch
+    bar: bool = False  # a shape a performance bar is stated on (`xbackend bench --quick` runs only these)
+    skip_impls: tuple[str, ...] = ()  # impls too slow to time here (their numbers live in notes/)
 
 
 BF16 = torch.bfloat16
@@ -28,26 +30,26 @@ def _rand(shape: tuple[int, ...], device: torch.device, g: torch.Generator, scal
     return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * scale).to(BF16)
 
 
-def _rmsnorm(rows: int, d: int, flavour: str) -> Case:
+def _rmsnorm(rows: int, d: int, flavour: str, bar: bool = False) -> Case:
     return Case("rmsnorm", f"rmsnorm {flavour} [1,{rows},{d}]",
                 lambda dev, g: (_rand((1, rows, d), dev, g), _rand((d,), dev, g), 1e-6, flavour),
-                bytes_moved=2 * rows * d * _E + d * _E)
+                bytes_moved=2 * rows * d * _E + d * _E, bar=bar)
 
 
-def _modulate(shape: tuple[int, ...], mod_shape: tuple[int, ...], flavour: str, weight: bool) -> Case:
+def _modulate(shape: tuple[int, ...], mod_shape: tuple[int, ...], flavour: str, weight: bool, bar: bool = False) -> Case:
     n, m = math.prod(shape), math.prod(mod_shape)
     d = shape[-1]
     return Case("rmsnorm_modulate", f"modulate {flavour} {list(shape)} mod{list(mod_shape)}{' w' if weight else ''}",
                 lambda dev, g: (_rand(shape, dev, g), _rand(mod_shape, dev, g, 0.1), _rand(mod_shape, dev, g, 0.1),
                                 _rand((d,), dev, g) if weight else None, 1e-6, flavour),
-                bytes_moved=(2 * n + 2 * m + (d if weight else 0)) * _E)
+                bytes_moved=(2 * n + 2 * m + (d if weight else 0)) * _E, bar=bar)
 
 
-def _gated(name: str, rows: int, d: int, gate: str, small: bool = False) -> Case:
+def _gated(name: str, rows: int, d: int, gate: str, small: bool = False, bar: bool = False) -> Case:
     gate_shape = {"bcast": (1, 1, d), "full": (1, rows, d), "token": (1, rows, 1)}[gate]
     return Case("gated_residual", f"{name} {gate} [1,{rows},{d}]",
                 lambda dev, g: (_rand((1, rows, d), dev, g), _rand((1, rows, d), dev, g), _rand(gate_shape, dev, g)),
-                bytes_moved=(3 * rows * d + math.prod(gate_shape)) * _E, small=small)
+                bytes_moved=(3 * rows * d + math.prod(gate_shape)) * _E, small=small, bar=bar or small)
 
 
 def _na(name: str, spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...]) -> Case:
@@ -55,21 +57,22 @@ def _na(name: str, spatial: tuple[int, ...], heads: int, dim: int, window: tuple
     return Case("neighborhood_attention", f"{name} {'x'.join(map(str, spatial))} h{heads} d{dim} w{'x'.join(map(str, window))}",
                 lambda dev, g: (*(_rand((1, *spatial, heads, dim), dev, g) for _ in range(3)), window, (1,) * len(window),
                                 (False,) * len(window), None),
-                flops=4.0 * tokens * math.prod(window) * dim * heads)
+                flops=4.0 * tokens * math.prod(window) * dim * heads, bar=True,
+                skip_impls=("na_tiled_sdpa",))  # seconds per call at these sizes (notes/na.md)
 
 
 CASES: dict[str, list[Case]] = {
-    "rmsnorm": [_rmsnorm(32640, 4096, "torch"), _rmsnorm(32640, 4096, "diffusers"), _rmsnorm(8160, 3072, "diffusers")],
+    "rmsnorm": [_rmsnorm(32640, 4096, "torch", True), _rmsnorm(32640, 4096, "diffusers", True), _rmsnorm(8160, 3072, "diffusers")],
     "rmsnorm_modulate": [
-        _modulate((1, 32640, 4096), (1, 1, 4096), "diffusers", False),
-        _modulate((1, 32640, 4096), (1, 1, 4096), "torch", False),
+        _modulate((1, 32640, 4096), (1, 1, 4096), "diffusers", False, True),
+        _modulate((1, 32640, 4096), (1, 1, 4096), "torch", False, True),
         _modulate((1, 32640, 4096), (1, 1, 4096), "torch", True),
         _modulate((1, 16, 48, 80, 512), (1, 1, 1, 1, 512), "torch", True),
     ],
     # Seed 001's shapes (LTX-2.3, Ideogram 4, FLUX.2) plus a per-token gate.
     "gated_residual": [
-        _gated("ltx2", 32640, 4096, "bcast"),
-        _gated("ltx2", 8160, 4096, "full"),
+        _gated("ltx2", 32640, 4096, "bcast", bar=True),
+        _gated("ltx2", 8160, 4096, "full", bar=True),
         _gated("ideogram4", 4096, 4608, "bcast"),
         _gated("flux2", 4608, 3072, "bcast"),
         _gated("flux2", 4096, 3072, "bcast"),
