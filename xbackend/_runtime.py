@@ -21,7 +21,7 @@ import torch
 from . import hookspecs
 from ._device import Device, probe, simulated
 from ._opspec import OpSpec, describe_args
-from ._policy import Policy, current_policy
+from ._policy import _POLICY, Policy
 from ._precision import EXACT
 from ._registry import Impl, Registrar, Registry
 from ._resolver import Context, Decision, decide
@@ -210,12 +210,12 @@ class Runtime:
 
     # -- dispatch --------------------------------------------------------------------------------
     def dispatch(self, spec: OpSpec, args: tuple[Any, ...]) -> torch.Tensor:
-        policy = current_policy()
+        policy = _POLICY.get()
         cache = self._caches.get(policy)
         if cache is None:
             cache = self._caches.setdefault(policy, {})
         try:
-            key = (spec.name, spec.key(*args))
+            key = spec.key(*args)  # starts with the op's name, so one cache serves every op
         except Exception:
             spec.check(*args)  # a non-tensor where a tensor belongs: raise the op's clear error
             raise

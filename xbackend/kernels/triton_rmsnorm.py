@@ -31,6 +31,7 @@ Launch configuration (keyword arguments of every entry point): ``rows_per_progra
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import NamedTuple
@@ -470,6 +471,7 @@ class _Plan(NamedTuple):
     y: int
 
 
+@functools.lru_cache(maxsize=1024)  # pure in its ints; runs on every launch
 def _torch_plan(d: int, num: Numerics) -> _Plan:
     """aten vectorized layer-norm kernel: torch_threads threads, vec_size 4, no tail (D % 4 == 0)."""
     threads = num.torch_threads
@@ -501,6 +503,7 @@ def _mean_config(m: int, d: int, warp: int) -> tuple[bool, int, int, int] | str:
     return vectorize, bw, y, 1
 
 
+@functools.lru_cache(maxsize=1024)  # pure in its ints; runs on every launch
 def _mean_plan(m: int, d: int, num: Numerics) -> _Plan | str:
     cfg = _mean_config(m, d, num.warp)
     if isinstance(cfg, str):

@@ -40,7 +40,7 @@ def reference(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torc
 # -- key and planning example --------------------------------------------------------------------
 def key(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> tuple[Any, ...]:
     # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
-    return (x.shape, x.stride(), x.dtype, x.device, update.shape, update.stride(), update.dtype, update.device,
+    return (NAME, x.shape, x.stride(), x.dtype, x.device, update.shape, update.stride(), update.dtype, update.device,
             gate.shape, gate.stride(), gate.dtype, gate.device)
 
 

@@ -182,7 +182,7 @@ def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> st
 
 # -- key and planning example --------------------------------------------------------------------
 def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: Any, dilation: Any, is_causal: Any, scale: Any) -> tuple[Any, ...]:
-    return (tensor_sig(q), tensor_sig(k), tensor_sig(v), kernel_size, dilation, is_causal, scale)
+    return (NAME, tensor_sig(q), tensor_sig(k), tensor_sig(v), kernel_size, dilation, is_causal, scale)
 
 
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:

@@ -62,8 +62,8 @@ def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour:
 def key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
     # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
     if weight is None:
-        return (x.shape, x.stride(), x.dtype, x.device, eps, flavour)
-    return (x.shape, x.stride(), x.dtype, x.device, eps, flavour, weight.shape, weight.stride(), weight.dtype, weight.device)
+        return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, flavour)
+    return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, flavour, weight.shape, weight.stride(), weight.dtype, weight.device)
 
 
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:

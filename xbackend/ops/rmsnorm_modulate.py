@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, register_reference_autograd, tensor_sig
+from .._opspec import OpSpec, register_reference_autograd
 from . import rmsnorm as _rmsnorm
 
 NAME = "rmsnorm_modulate"
@@ -45,7 +45,12 @@ def reference(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight:
 
 # -- key and planning example --------------------------------------------------------------------
 def key(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
-    return (tensor_sig(x), tensor_sig(scale), tensor_sig(shift), tensor_sig(weight), eps, flavour)
+    # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
+    head = (NAME, x.shape, x.stride(), x.dtype, x.device, scale.shape, scale.stride(), scale.dtype, scale.device,
+            shift.shape, shift.stride(), shift.dtype, shift.device, eps, flavour)
+    if weight is None:
+        return head
+    return (*head, weight.shape, weight.stride(), weight.dtype, weight.device)
 
 
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
