@@ -226,3 +226,24 @@ def test_hung_rank_times_out_everywhere(ranks):
             kind, message = res["hang"]["error"]
             assert kind == TileDecodeError.__name__ and "did not all report back" in message
             assert res["hang"]["elapsed"] < HANG_SLEEP_S, (rank, res["hang"])
+
+
+# -- issue 7: world sizes 4 and 8 (gloo, CPU) give the serial bits -------------------------------------
+
+
+def _wide_worker(rank: int, world: int) -> dict[str, Any]:
+    four = dist.new_group([0, 1, 2, 3])  # every rank takes part in creating it
+    res = {"eight": attempt(lambda: _decode())}
+    res["four"] = attempt(lambda: _decode(group=four)) if rank < 4 else None
+    return res
+
+
+def test_four_and_eight_ranks_equal_serial(tmp_path: Path) -> None:
+    expected = _decode()
+    results = run_ranks(_wide_worker, 8, tmp_path)
+    for rank, res in enumerate(results):
+        assert res["eight"]["error"] is None, res["eight"]["error"]
+        assert torch.equal(res["eight"]["out"], expected), f"8 ranks: rank {rank}"
+        if rank < 4:
+            assert res["four"]["error"] is None, res["four"]["error"]
+            assert torch.equal(res["four"]["out"], expected), f"4 ranks: rank {rank}"

@@ -36,6 +36,9 @@ class OpSpec:
     tensor_args: tuple[int, ...]
     signature: str
     tolerant: bool = False
+    # Calls with exactly this many positional arguments and no kwargs skip ``bind`` (it would return
+    # them unchanged); None for ops whose bind normalizes (neighborhood_attention's int -> tuple).
+    positional_arity: int | None = None
     verify: Callable[[torch.Tensor, tuple[Any, ...], Precision], str | None] | None = None
 
     def device_of(self, args: tuple[Any, ...]) -> torch.device:
