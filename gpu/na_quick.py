@@ -1,10 +1,10 @@
 """NA bar shapes through get_op (na_triton resolved and guard-verified), device and host time."""
 
+import torch
+
 import xbackend
 from xbackend.bench import _harness as h
 from xbackend.bench.cases import CASES
-
-import torch
 
 for case in CASES["neighborhood_attention"]:
     g = torch.Generator(device="cuda").manual_seed(0)
