@@ -95,3 +95,11 @@ def test_gradients_are_the_references() -> None:
     x.grad = w.grad = None
     mod.reference(x, w, 1e-6, "diffusers").sum().backward()
     assert torch.allclose(gx, x.grad) and torch.allclose(gw, w.grad)
+
+
+def test_ops_survive_deepcopy_and_pickle() -> None:
+    import copy
+    import pickle
+
+    assert copy.deepcopy(rmsnorm) is rmsnorm
+    assert pickle.loads(pickle.dumps(xbackend.get_op("vae_tile_decode"))) is xbackend.get_op("vae_tile_decode")

@@ -11,6 +11,7 @@ from ._policy import quality, use
 from ._precision import EXACT, Precision, tolerance, ulp
 from ._registry import Impl, Registrar, RegistrationError
 from ._runtime import ImplUnusableError, Runtime, runtime
+from .patching import PatchReport, patch, unpatch
 
 hookimpl = pluggy.HookimplMarker("xbackend")
 
@@ -22,6 +23,7 @@ __all__ = [
     "Impl",
     "ImplUnusableError",
     "Op",
+    "PatchReport",
     "Plan",
     "Precision",
     "Registrar",
@@ -31,11 +33,13 @@ __all__ = [
     "get_op",
     "hookimpl",
     "list_ops",
+    "patch",
     "plan",
     "quality",
     "report",
     "runtime",
     "tolerance",
     "ulp",
+    "unpatch",
     "use",
 ]

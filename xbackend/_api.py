@@ -60,6 +60,10 @@ class Op:
     def name(self) -> str:
         return self.spec.name
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Ops hold torch.library handles; models that keep one must still deepcopy and pickle.
+        return (get_op, (self.spec.name,))
+
     def __repr__(self) -> str:
         return f"<xbackend op {self.spec.signature}>"
 
@@ -75,6 +79,9 @@ class HostOp:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (get_op, (self.name,))
 
     def __repr__(self) -> str:
         return f"<xbackend host op {self.signature}>"

@@ -1,0 +1,168 @@
+"""Patch diffusers' LTX-2.5 DiffVAE (LTX2VideoDiffusionDecoderModel) with xbackend; time its tiled decode
+against stock diffusers and torch.compile.
+
+    python examples/ltx2_diffvae.py                                   # tiny decoder, CPU, ~1 min (compile warm-up)
+    python examples/ltx2_diffvae.py --device cuda --height 512 --width 768 --frames 41   # default config
+
+Random weights from a config (nothing is downloaded). xbackend.patch routes the RMSNorms, the stage-5
+adaLN modulations, every neighborhood attention (get_op("neighborhood_attention") in place of diffusers'
+flex processor) and tiled_decode (the vae_tile_decode adapter; over all ranks under torchrun).
+
+Modes: stock diffusers (flex attention, eager), xbackend.patch, and stock diffusers with every attention
+block torch.compile'd (compiled flex: the fast stock path; its first call includes the warm-up).
+Attention is compared within tolerance (relative Frobenius error): the patched attention is a
+different kernel. Stock flex builds a dense block mask, which does not fit a GPU beyond small videos;
+`--no-stock` skips both stock modes. Needs diffusers==0.42.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from diffusers.utils import logging as diffusers_logging
+from tqdm import tqdm
+
+import xbackend
+
+TINY_CONFIG = {
+    "latent_channels": 8, "patch_size": 2, "decoder_head_dim": 8, "decoder_stage_channels": (32, 16, 8, 8, 8),
+    "decoder_stage_depths": (1, 1, 1, 1, 2), "decoder_stage_kernels": ((3, 3, 3),) * 4,
+    "decoder_upsample_channel_reductions": (2, 2, 1, 1), "decoder_stage5_kernel": (3, 3, 3),
+    "decoder_t_emb_dim": 32, "spatial_compression_ratio": 16,
+}  # fmt: skip
+# A 3x3x3 tile grid on the tiny decoder's (9, 12, 16) feature volume.
+TINY_TILING = {
+    "tile_sample_min_num_frames": 10, "tile_sample_stride_num_frames": 6, "tile_sample_min_height": 24,
+    "tile_sample_stride_height": 16, "tile_sample_min_width": 28, "tile_sample_stride_width": 20,
+}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--height", type=int, default=None, help="pixels (default config: a multiple of 32)")
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None, help="pixel frames, 8k+1")
+    p.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None, help="tiny decoder (default on CPU)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compile", default=None, help="torch.compile backend or 'none' (default: inductor on GPU, aot_eager on CPU)")
+    p.add_argument("--no-stock", action="store_true", help="skip stock diffusers (its flex mask is dense)")
+    p.add_argument("--sites", action="store_true", help="print every patched site")
+    args = p.parse_args(argv)
+    gpu = args.device.startswith("cuda")
+    args.tiny = (not gpu) if args.tiny is None else args.tiny
+    args.height = args.height or (48 if args.tiny else 512)
+    args.width = args.width or (64 if args.tiny else 768)
+    args.frames = args.frames or (17 if args.tiny else 41)
+    args.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if gpu else "fp32")]
+    args.compile = args.compile or ("inductor" if gpu else "aot_eager")
+    return args
+
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    from diffusers import LTX2VideoDiffusionDecoderModel
+
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = LTX2VideoDiffusionDecoderModel(**(TINY_CONFIG if args.tiny else {}))
+    # The adaLN tables start at zero; random ones make the stage-5 modulation matter.
+    for block in model.decoder.diff_blocks:
+        block.scale_shift_table.data.normal_(0, 0.5)
+    model.enable_tiling(**(TINY_TILING if args.tiny else {}))
+    return model.to(args.dtype).eval()
+
+
+def make_latent(model: torch.nn.Module, args: argparse.Namespace) -> torch.Tensor:
+    cfg = model.config
+    shape = (
+        1,
+        cfg.latent_channels,
+        (args.frames - 1) // cfg.temporal_compression_ratio + 1,
+        args.height // cfg.spatial_compression_ratio,
+        args.width // cfg.spatial_compression_ratio,
+    )
+    return torch.randn(shape, generator=torch.Generator(args.device).manual_seed(1), device=args.device).to(args.dtype)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str, repeats: int, label: str) -> tuple[Any, float, float]:
+    """(output, first call in s, median of `repeats` later calls in s), with a progress bar."""
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    first = time.perf_counter() - start
+    times = []
+    for _ in tqdm(range(repeats), desc=f"{label:<8}", leave=False, unit="decode"):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return out, first, statistics.median(times) if times else first
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor | None) -> str:
+    if ref is None:
+        return "-"
+    if torch.equal(out, ref):
+        return "bit-identical"
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    return f"rel. error {rel:.2e}"
+
+
+def attention_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    decoder = model.decoder
+    return [block for stage in decoder.det_stages for block in stage] + list(decoder.diff_blocks)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
+    diffusers_logging.set_verbosity_error()  # not the `.to(dtype)` advice meant for from_pretrained
+    model = build_model(args)
+    z = make_latent(model, args)
+    print(f"DiffVAE ({'tiny' if args.tiny else 'default'} config): latent {tuple(z.shape)} -> "
+          f"{args.frames}x{args.height}x{args.width}, {str(args.dtype).removeprefix('torch.')} on {args.device}")  # fmt: skip
+
+    def decode() -> torch.Tensor:
+        with torch.no_grad():
+            return model.decode(z, generator=torch.Generator(args.device).manual_seed(7)).sample
+
+    rows: list[tuple[str, float, float, str]] = []
+    ref = None
+    if not args.no_stock:
+        ref, first, median = timed(decode, args.device, args.repeats, "stock")
+        rows.append(("stock diffusers (flex)", first, median, "reference"))
+
+    report = xbackend.patch(model)
+    print(report.table() if args.sites else report)
+    out, first, median = timed(decode, args.device, args.repeats, "patched")
+    rows.append(("xbackend.patch", first, median, compare(out, ref)))
+    xbackend.unpatch(model)
+
+    if args.compile != "none" and not args.no_stock:
+        torch._dynamo.reset()
+        for block in attention_blocks(model):
+            block.compile(backend=args.compile)
+        out, first, median = timed(decode, args.device, args.repeats, "compile")
+        rows.append((f"stock, blocks compiled ({args.compile})", first, median, compare(out, ref)))
+
+    base = rows[0][2]
+    print(f"\n{'mode':<34} {'first call':>11} {'median':>10} {'speed-up':>9}  output")
+    for name, first_s, median_s, verdict in rows:
+        print(f"{name:<34} {first_s:>10.2f}s {median_s:>9.3f}s {base / median_s:>8.2f}x  {verdict}")
+
+
+if __name__ == "__main__":
+    main()

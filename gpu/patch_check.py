@@ -1,0 +1,183 @@
+"""LTX-2 transformer blocks: xbackend.patch vs eager diffusers vs torch.compile, on one GPU.
+
+    python3 gpu/patch_check.py [--layers 2] [--seqs 8160,32640] [--out $OUT] [--compile-patched]
+
+The real LTX-2 block (hidden 4096 = 32 x 128, audio 2048 = 32 x 64, bf16, random weights; nothing is
+downloaded), `--layers` of them. One model forward captures the first block's inputs; each mode then
+runs the block stack on them:
+
+- eager: stock diffusers.
+- patched: `xbackend.patch` (lossless tier). Its outputs must equal eager's bit for bit (torch.equal,
+  every block's video and audio output).
+- compile: `torch.compile` (inductor) of each stock block; the warm-up (first call) is reported apart.
+- patched+compile (`--compile-patched`): the patched blocks compiled, xbackend ops as opaque nodes.
+
+Times are medians of triton.testing.do_bench (it clears the L2 between calls; every activation here is
+larger than the H200's 60 MB L2 anyway: [1, 8160, 4096] bf16 is 67 MB). The issue's bar: patched at
+least 5% faster than eager and at least as fast as compile without its warm-up, bit-identical.
+Writes $OUT/patch_check.json and prints a table last. Needs diffusers==0.42.1 on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# cuBLAS picks workspaces per stream; a fixed config keeps its reductions identical from call to call.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import xbackend  # noqa: E402
+
+Block = torch.nn.Module
+Outputs = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def capture_block_inputs(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the model passes its first block (rotary embeddings, modulation, masks)."""
+    captured: dict[str, Any] = {}
+    handle = model.transformer_blocks[0].register_forward_pre_hook(
+        lambda _m, _a, kwargs: captured.update(kwargs), with_kwargs=True
+    )
+    with torch.no_grad():
+        model(**inputs)
+    handle.remove()
+    return captured
+
+
+def run_stack(blocks: list[Block], kwargs: dict[str, Any]) -> Outputs:
+    video, audio = kwargs["hidden_states"], kwargs["audio_hidden_states"]
+    outs = []
+    with torch.no_grad():
+        for block in blocks:
+            video, audio = block(**{**kwargs, "hidden_states": video, "audio_hidden_states": audio})
+            outs.append((video, audio))
+    return outs
+
+
+def first_call(blocks: list[Block], kwargs: dict[str, Any]) -> tuple[Outputs, float]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    outs = run_stack(blocks, kwargs)
+    torch.cuda.synchronize()
+    return outs, time.perf_counter() - start
+
+
+def bench_ms(blocks: list[Block], kwargs: dict[str, Any]) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(lambda: run_stack(blocks, kwargs), warmup=200, rep=1500, return_mode="median")
+
+
+def compare(outs: Outputs, ref: Outputs) -> dict[str, Any]:
+    equal = all(torch.equal(a, b) for pair, ref_pair in zip(outs, ref, strict=True) for a, b in zip(pair, ref_pair, strict=True))
+    diff = max(
+        (a.float() - b.float()).abs().max().item() for pair, ref_pair in zip(outs, ref, strict=True)
+        for a, b in zip(pair, ref_pair, strict=True)
+    )  # fmt: skip
+    return {"bit_identical": equal, "max_abs_diff": diff}
+
+
+def check_seq(seq: int, layers: int, compile_patched: bool) -> dict[str, Any]:
+    import ltx2_transformer as example
+
+    args = example.parse_args(["--device", "cuda", "--layers", str(layers), "--seq", str(seq)])
+    model = example.build_model(args)
+    kwargs = capture_block_inputs(model, example.make_inputs(args))
+    blocks = list(model.transformer_blocks)
+    row: dict[str, Any] = {"seq": seq, "layers": layers, "hidden": args.hidden, "audio_seq": args.audio_seq}
+
+    ref, row["eager_first_s"] = first_call(blocks, kwargs)
+    row["eager_ms"] = bench_ms(blocks, kwargs)
+
+    report = xbackend.patch(model)
+    row["sites"] = report.counts()
+    outs, row["patched_first_s"] = first_call(blocks, kwargs)
+    row["patched_ms"] = bench_ms(blocks, kwargs)
+    row["patched"] = compare(outs, ref)
+    if compile_patched:
+        torch._dynamo.reset()
+        compiled = [torch.compile(b) for b in blocks]
+        outs, row["patched_compile_warmup_s"] = first_call(compiled, kwargs)
+        row["patched_compile_ms"] = bench_ms(compiled, kwargs)
+        row["patched_compile"] = compare(outs, ref)
+    xbackend.unpatch(model)
+
+    torch._dynamo.reset()
+    compiled = [torch.compile(b) for b in blocks]
+    outs, row["compile_warmup_s"] = first_call(compiled, kwargs)
+    row["compile_ms"] = bench_ms(compiled, kwargs)
+    row["compile"] = compare(outs, ref)
+
+    row["patched_speedup_vs_eager"] = row["eager_ms"] / row["patched_ms"]
+    row["patched_speedup_vs_compile"] = row["compile_ms"] / row["patched_ms"]
+    row["bar_met"] = (
+        row["patched"]["bit_identical"] and row["patched_speedup_vs_eager"] >= 1.05 and row["patched_speedup_vs_compile"] >= 1.0
+    )
+    del model, blocks, compiled, kwargs, ref, outs
+    torch.cuda.empty_cache()
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'seq':>6} {'eager ms':>9} {'patched ms':>11} {'compile ms':>11} {'warm-up s':>10} "
+            f"{'vs eager':>9} {'vs compile':>11}  patched output        bar")  # fmt: skip
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['seq']:>6} error: {r['error']}")
+            continue
+        verdict = "bit-identical" if r["patched"]["bit_identical"] else f"DIFFERS {r['patched']['max_abs_diff']:.3g}"
+        lines.append(
+            f"{r['seq']:>6} {r['eager_ms']:>9.2f} {r['patched_ms']:>11.2f} {r['compile_ms']:>11.2f} "
+            f"{r['compile_warmup_s']:>10.1f} {r['patched_speedup_vs_eager']:>8.3f}x {r['patched_speedup_vs_compile']:>10.3f}x  "
+            f"{verdict:<21} {'met' if r['bar_met'] else 'NOT met'}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--seqs", default="8160,32640")
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/xbackend-out"))
+    p.add_argument("--compile-patched", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                              "torch": torch.__version__, "rows": []}  # fmt: skip
+    if not torch.cuda.is_available() or importlib.util.find_spec("diffusers") is None:
+        result["error"] = "needs a CUDA/ROCm GPU and diffusers==0.42.1"
+        (out / "patch_check.json").write_text(json.dumps(result, indent=2))
+        raise SystemExit(result["error"])
+    import diffusers
+
+    result["diffusers"] = diffusers.__version__
+    for seq in (int(s) for s in args.seqs.split(",") if s):
+        try:
+            row = check_seq(seq, args.layers, args.compile_patched)
+        except Exception as exc:  # one failing size must not cost the others' numbers
+            row = {"seq": seq, "error": f"{type(exc).__name__}: {exc}"}
+            torch.cuda.empty_cache()
+        result["rows"].append(row)
+        (out / "patch_check.json").write_text(json.dumps(result, indent=2, default=str))
+        print(json.dumps(row, default=str), flush=True)
+    result["xbackend_report"] = xbackend.report().to_dict()
+    (out / "patch_check.json").write_text(json.dumps(result, indent=2, default=str))
+    print(table(result["rows"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Route a diffusers model's hot sites through xbackend without editing diffusers.
+
+``report = xbackend.patch(model)`` changes module *instances*, never classes:
+
+- ``torch.nn.RMSNorm`` (flavour "torch") and diffusers ``RMSNorm`` (flavour "diffusers") get a forward
+  that calls ``get_op("rmsnorm")``; parameters and state_dict stay as they are.
+- ``LTX2VideoTransformerBlock`` and the DiffVAE's ``LTX2VideoVaeDiffusionNABlock`` get a forward that
+  computes what diffusers 0.42.1 computes, with ``norm(x) * (1 + scale) + shift`` as
+  ``rmsnorm_modulate`` and ``x + out * gate`` as ``gated_residual`` (``xbackend/patching/ltx2.py``).
+- The DiffVAE's neighborhood attention runs ``get_op("neighborhood_attention")`` in place of diffusers'
+  flex/NATTEN processor, and its ``tiled_decode`` runs ``vae_tile_decode`` (over the default process
+  group when torch.distributed is initialised).
+
+Each fused call first checks that the op is the same expression for these inputs (dtypes, devices,
+shapes); when not, the model's own expression runs. Anything not recognised is left alone, patching
+twice changes nothing, and ``xbackend.unpatch(model)`` removes every override. A patched model
+deep-copies patched; pickled whole (``torch.save(model)``) it loads unpatched, ready to patch again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from . import ltx2
+from ._common import KINDS, Findings, Site, Skipped, diffusers_rmsnorm_class, own_override, patch_rmsnorm, uninstall
+
+__all__ = ["KINDS", "PatchReport", "Site", "Skipped", "patch", "unpatch"]
+
+
+@dataclass(frozen=True)
+class PatchReport:
+    """The sites a `patch` call routes through xbackend (``new=False``: already patched before it) and
+    the recognised sites it left alone, with the reason; from `unpatch` (``action="unpatch"``), the
+    sites it restored."""
+
+    sites: tuple[Site, ...]
+    skipped: tuple[Skipped, ...]
+    action: str = "patch"
+
+    def by_kind(self) -> dict[str, list[str]]:
+        """Module paths per kind, in model order."""
+        out: dict[str, list[str]] = {}
+        for site in self.sites:
+            out.setdefault(site.kind, []).append(site.path)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {kind: len(paths) for kind, paths in self.by_kind().items()}
+
+    def __len__(self) -> int:
+        return len(self.sites)
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{kind} {n}" for kind, n in self.counts().items()) or "none"
+        if self.action == "unpatch":
+            return f"xbackend unpatch: {len(self.sites)} sites restored ({counts})"
+        fresh = sum(s.new for s in self.sites)
+        lines = [f"xbackend patch: {len(self.sites)} sites ({counts}); {fresh} new, {len(self.sites) - fresh} already patched"]
+        reasons: dict[tuple[str, str], list[str]] = {}
+        for k in self.skipped:
+            reasons.setdefault((k.kind, k.reason), []).append(k.path)
+        for (kind, reason), paths in reasons.items():
+            more = f" (+{len(paths) - 1} more)" if len(paths) > 1 else ""
+            lines.append(f"  left alone: {kind} at {paths[0]}{more}: {reason}")
+        return "\n".join(lines)
+
+    def table(self) -> str:
+        """Every site, one per line."""
+        rows = [f"  {s.kind:<24} {s.path or '<model>':<48} {s.detail}" for s in self.sites]
+        return "\n".join([str(self), *rows])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sites": [s.__dict__ for s in self.sites], "skipped": [k.__dict__ for k in self.skipped]}
+
+
+def _kinds(kinds: Iterable[str] | None) -> frozenset[str]:
+    if kinds is None:
+        return frozenset(KINDS)
+    chosen = frozenset([kinds] if isinstance(kinds, str) else kinds)
+    unknown = sorted(chosen - set(KINDS))
+    if unknown:
+        raise ValueError(f"xbackend.patch: argument 'kinds' expected names from {', '.join(KINDS)}, got {unknown}")
+    return chosen
+
+
+def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, decode_group: Any = None) -> PatchReport:
+    """Route ``model``'s recognised hot sites through xbackend; returns what was patched.
+
+    ``kinds`` limits the patch to some of ``KINDS`` (default: all). To change it on a patched model,
+    `unpatch` first: sites patched earlier stay as they are. ``decode_group`` is the process group a
+    patched DiffVAE ``tiled_decode`` spreads its tiles over (None: the default group when
+    torch.distributed is initialised, and every rank must then decode the same latent); leave
+    ``"tiled_decode"`` out of ``kinds`` to keep diffusers' serial decode.
+    """
+    chosen = _kinds(kinds)
+    found = Findings()
+    norm_classes = tuple(c for c in (nn.RMSNorm, diffusers_rmsnorm_class()) if c is not None)
+    roles = {cls: role for role, cls in ltx2.classes().items()}
+    for path, module in model.named_modules():
+        cls = type(module)
+        if cls in norm_classes:
+            if "rmsnorm" in chosen or own_override(module, "forward") is not None:
+                patch_rmsnorm(module, path, found)
+            continue
+        role = roles.get(cls)
+        if role == "transformer_block":
+            ltx2.patch_transformer_block(module, path, found, chosen)
+        elif role == "diffusion_block":
+            ltx2.patch_diffusion_block(module, path, found, chosen)
+        elif role == "na_attention":
+            ltx2.patch_na_processor(module, path, found, chosen)
+        elif role == "diffvae":
+            ltx2.patch_tiled_decode(module, path, found, chosen, decode_group)
+    return PatchReport(tuple(found.sites), tuple(found.skipped))
+
+
+def unpatch(model: nn.Module) -> PatchReport:
+    """Remove every override `patch` set on ``model``; returns the sites restored. Modules and
+    processors are exactly the objects they were before, with their own class forwards."""
+    found = Findings()
+    roles = {cls: role for role, cls in ltx2.classes().items()}
+    for path, module in model.named_modules():
+        for attr in ("forward", "tiled_decode"):
+            tag = own_override(module, attr)
+            if tag is not None:
+                uninstall(module, attr)
+                tag.report(path, found, new=False)
+        if roles.get(type(module)) == "na_attention":
+            ltx2.unpatch_na_processor(module, path, found)
+    return PatchReport(tuple(found.sites), (), action="unpatch")

@@ -1,0 +1,308 @@
+"""What every patch shares: the report records, instance overrides that undo cleanly, the run-time
+checks that decide between a fused op and the model's own expression, and the RMSNorm module patches.
+
+A patch never edits a class. It sets an attribute on one module instance (``forward``,
+``tiled_decode``, an attention ``processor``) and marks it as xbackend's, so `unpatch` finds exactly
+what was set, and `patch` called twice recognises its own work. The marks travel with the objects, so a
+``copy.deepcopy`` of a patched model is patched in the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._api import get_op
+
+# The kinds of site a patch can route through xbackend.
+KINDS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "neighborhood_attention", "tiled_decode")
+
+_RMSNORM = get_op("rmsnorm")
+_RMSNORM_MODULATE = get_op("rmsnorm_modulate")
+_GATED_RESIDUAL = get_op("gated_residual")
+_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+_MARK = "_xbackend_patch"
+
+
+# -- report records ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Site:
+    """One expression or module that now runs through xbackend. ``path`` is the module path inside the
+    patched model ("" for the model itself); ``new`` is False when an earlier `patch` call set it."""
+
+    kind: str
+    path: str
+    detail: str
+    new: bool = True
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A site patch recognised and left as it was, and why."""
+
+    kind: str
+    path: str
+    reason: str
+
+
+@dataclass
+class Findings:
+    """What one walk over a model found; `PatchReport` is its frozen form."""
+
+    sites: list[Site] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def add(self, kind: str, path: str, detail: str, new: bool = True) -> None:
+        self.sites.append(Site(kind, path, detail, new))
+
+    def skip(self, kind: str, path: str, reason: str) -> None:
+        self.skipped.append(Skipped(kind, path, reason))
+
+
+def join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path and name else path or name
+
+
+# -- instance overrides --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mark:
+    """What one override routes and what it left as written; paths relative to the patched module."""
+
+    sites: tuple[Site, ...]
+    skipped: tuple[Skipped, ...] = ()
+
+    def report(self, path: str, found: Findings, new: bool) -> None:
+        for s in self.sites:
+            found.add(s.kind, join(path, s.path), s.detail, new)
+        for k in self.skipped:
+            found.skip(k.kind, join(path, k.path), k.reason)
+
+
+def mark(fn: Callable[..., Any], tag: Mark) -> Callable[..., Any]:
+    """Tag a replacement function as xbackend's."""
+    setattr(fn, _MARK, tag)
+    return fn
+
+
+def clone(fn: types.FunctionType) -> types.FunctionType:
+    """A new function object with ``fn``'s code: each patched module gets its own, to carry its mark,
+    at no cost per call."""
+    # Named "forward": a pickled bound method reloads as getattr(module, "forward").
+    new = types.FunctionType(fn.__code__, fn.__globals__, "forward", fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    return new
+
+
+def own_override(module: nn.Module, attr: str) -> Mark | None:
+    """The mark of xbackend's override of ``attr`` on this instance, or None if there is none."""
+    value = module.__dict__.get(attr)
+    return getattr(getattr(value, "__func__", None), _MARK, None)
+
+
+def foreign_override(module: nn.Module, attr: str) -> bool:
+    """True when something other than xbackend replaced ``attr`` on this instance (accelerate's and
+    diffusers' hooks wrap ``forward`` this way): patching over it would drop that wrapper."""
+    if attr not in module.__dict__ or own_override(module, attr) is not None:
+        return False
+    value = module.__dict__[attr]
+    # The class's own method bound to this module changes nothing. A pickled patched model reloads
+    # that way: pickle stores a bound method as getattr(module, name), which finds the class's.
+    stock = isinstance(value, types.MethodType) and value.__self__ is module
+    return not (stock and value.__func__ is getattr(type(module), attr, None))
+
+
+def install(module: nn.Module, attr: str, fn: Callable[..., Any]) -> None:
+    # A bound method in the instance dict shadows the class attribute; deleting it restores the class's.
+    object.__setattr__(module, attr, types.MethodType(fn, module))
+
+
+def uninstall(module: nn.Module, attr: str) -> None:
+    object.__delattr__(module, attr)
+
+
+def same_parameters(ours: Callable[..., Any], theirs: Callable[..., Any]) -> bool:
+    """Same parameter names, kinds and defaults (annotations aside): a caller that passes arguments by
+    position or by name reaches the same values in both."""
+    a, b = inspect.signature(ours).parameters, inspect.signature(theirs).parameters
+    return [(p.name, p.kind, p.default) for p in a.values()] == [(p.name, p.kind, p.default) for p in b.values()]
+
+
+def hookless(module: nn.Module) -> bool:
+    """Calling this module's math directly skips nothing: no hooks and no foreign forward wrapper."""
+    return not (
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or foreign_override(module, "forward")
+    )
+
+
+# -- run-time checks: when is the fused op the same expression? --------------------------------------
+# These mirror the ops' argument checks (xbackend/ops/*.py): where one would raise, the patched code
+# runs the model's own expression instead, so a patched model never fails where the stock one works.
+def _broadcasts(t: torch.Tensor, shape: torch.Size) -> bool:
+    if t.dim() < 1 or t.dim() > len(shape):
+        return False
+    return all(s == 1 or s == g for s, g in zip(reversed(t.shape), reversed(shape), strict=False))
+
+
+def _like(t: torch.Tensor, x: torch.Tensor) -> bool:
+    return t.dtype == x.dtype and t.device == x.device
+
+
+def can_rmsnorm(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    if x.dtype not in _FLOAT or x.dim() < 1 or x.shape[-1] == 0:
+        return False
+    return weight is None or (_like(weight, x) and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
+
+
+def can_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    return (
+        can_rmsnorm(x, weight)
+        and _like(scale, x)
+        and _like(shift, x)
+        and _broadcasts(scale, x.shape)
+        and _broadcasts(shift, x.shape)
+    )
+
+
+def can_gate(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> bool:
+    return (
+        x.dtype in _FLOAT
+        and x.dim() >= 1
+        and _like(update, x)
+        and update.shape == x.shape
+        and _like(gate, x)
+        and _broadcasts(gate, x.shape)
+    )
+
+
+# -- the two fused expressions -------------------------------------------------------------------
+def norm_modulate(
+    norm: nn.Module, flavour: str | None, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor
+) -> torch.Tensor:
+    """``norm(x) * (1 + scale) + shift``. ``flavour`` is the norm's flavour when the norm was found
+    fusable at patch time, None to keep the expression as written."""
+    if flavour is not None:
+        weight = norm.weight
+        # torch's norm checks its normalized_shape against x (diffusers' does not); a mismatch raises there.
+        sized = flavour != "torch" or (x.dim() >= 1 and x.shape[-1] == norm.normalized_shape[0])
+        if sized and can_modulate(x, scale, shift, weight):
+            return _RMSNORM_MODULATE(x, scale, shift, weight, norm.eps, flavour)
+    return norm(x) * (1 + scale) + shift
+
+
+def gated(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``x + update * gate``. Sites written ``x + gate * update`` call this too: one multiply of two
+    values commutes exactly in IEEE arithmetic, broadcasting and type promotion included."""
+    if can_gate(x, update, gate):
+        return _GATED_RESIDUAL(x, update, gate)
+    return x + update * gate
+
+
+# -- RMSNorm modules -----------------------------------------------------------------------------
+# The diffusers release whose code the patches reproduce (the "diffusers" RMSNorm flavour included).
+DIFFUSERS_VERSION = "0.42.1"
+
+
+def diffusers_mismatch() -> str | None:
+    """Why diffusers-derived sites must stay as written, or None when the installed diffusers is the one
+    the patches mirror."""
+    try:
+        import diffusers
+    except ImportError:
+        return "diffusers is not installed"
+    if diffusers.__version__ != DIFFUSERS_VERSION:
+        return f"diffusers {diffusers.__version__} is installed; xbackend.patching mirrors {DIFFUSERS_VERSION}"
+    return None
+
+
+def diffusers_rmsnorm_class() -> type | None:
+    try:
+        from diffusers.models.normalization import RMSNorm
+    except ImportError:
+        return None
+    return RMSNorm
+
+
+def _is_eps(eps: object) -> bool:
+    return isinstance(eps, int | float) and not isinstance(eps, bool) and math.isfinite(eps) and eps >= 0
+
+
+def _norm_detail(flavour: str, dim: int, eps: float, weight: torch.Tensor | None) -> str:
+    return f"flavour={flavour} dim={dim} eps={eps:g} weight={'yes' if weight is not None else 'none'}"
+
+
+def rmsnorm_flavour(module: nn.Module) -> tuple[str | None, str]:
+    """(flavour, detail) when ``module`` is an RMSNorm whose forward the rmsnorm op reproduces exactly,
+    else (None, reason). Only the exact classes count: a subclass may override anything."""
+    cls = type(module)
+    if cls is nn.RMSNorm:
+        shape, eps = module.normalized_shape, module.eps
+        if len(shape) != 1:
+            return None, f"normalizes over {len(shape)} dims {tuple(shape)}; the op normalizes the last dim only"
+        if eps is None:
+            # Documented as finfo(x.dtype).eps, but aten uses the *opmath* type's epsilon (float32's for
+            # bf16/fp16 inputs, measured on CPU), and each device resolves it on its own.
+            return None, "eps=None: torch resolves the default eps inside aten per device; left to torch"
+        if not _is_eps(eps):
+            return None, f"eps {eps!r} is not a finite number >= 0"
+        return "torch", _norm_detail("torch", shape[0], eps, module.weight)
+    if cls is diffusers_rmsnorm_class():
+        from diffusers.utils import is_torch_npu_available
+
+        if (problem := diffusers_mismatch()) is not None:
+            return None, problem
+        if is_torch_npu_available() and module.weight is not None:
+            return None, "diffusers routes this norm to torch_npu.npu_rms_norm on an NPU host"
+        if module.bias is not None:
+            return None, "has a bias: rmsnorm followed by + bias is not the rmsnorm op"
+        if len(module.dim) != 1:
+            return None, f"dim {tuple(module.dim)} has more than one entry"
+        if not _is_eps(module.eps):
+            return None, f"eps {module.eps!r} is not a finite number >= 0"
+        return "diffusers", _norm_detail("diffusers", module.dim[0], module.eps, module.weight)
+    return None, "not an RMSNorm xbackend knows"
+
+
+def _torch_rmsnorm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    weight = self.weight
+    if x.dim() >= 1 and x.shape[-1] == self.normalized_shape[0] and can_rmsnorm(x, weight):
+        return _RMSNORM(x, weight, self.eps, "torch")
+    return type(self).forward(self, x)
+
+
+def _diffusers_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    weight = self.weight
+    if self.bias is None and can_rmsnorm(hidden_states, weight):
+        return _RMSNORM(hidden_states, weight, self.eps, "diffusers")
+    return type(self).forward(self, hidden_states)
+
+
+_NORM_FORWARDS = {"torch": _torch_rmsnorm_forward, "diffusers": _diffusers_rmsnorm_forward}
+
+
+def patch_rmsnorm(module: nn.Module, path: str, found: Findings) -> None:
+    existing = own_override(module, "forward")
+    if existing is not None:
+        existing.report(path, found, new=False)
+        return
+    flavour, detail = rmsnorm_flavour(module)
+    if flavour is None:
+        found.skip("rmsnorm", path, detail)
+        return
+    if foreign_override(module, "forward"):
+        found.skip("rmsnorm", path, "forward is already replaced on this instance (a hook wrapper?); left alone")
+        return
+    tag = Mark((Site("rmsnorm", "", detail),))
+    install(module, "forward", mark(clone(_NORM_FORWARDS[flavour]), tag))
+    tag.report(path, found, new=True)
