@@ -49,9 +49,10 @@ class Op:
                 entry = cache.get(self._key(*a))
             except Exception:
                 entry = None
-            if entry is not None and entry.fn is not None:
+            fn = entry.fn if entry is not None else None  # read once: another thread may reset it
+            if fn is not None:
                 try:
-                    return entry.fn(*a)
+                    return fn(*a)
                 except Exception as e:
                     return rt._after_failure(self.spec, entry, a, e)
         return rt.dispatch(self.spec, a)
