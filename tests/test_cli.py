@@ -34,3 +34,21 @@ def test_console_script_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "xbackend.cli", "plan", "--device", "b200", "--op", "gated_residual"],
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("gated_residual on sm100 (NVIDIA B200, simulated)")
+
+
+def test_bench_dispatch_runs_on_cpu_and_op_timings_say_they_need_a_gpu(capsys) -> None:
+    assert main(["bench", "dispatch", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "get_op('gated_residual')" in out and "overhead" in out
+    if not __import__("torch").cuda.is_available():
+        assert main(["bench", "rmsnorm"]) == 2
+        assert "op timings need a GPU" in capsys.readouterr().out
+
+
+def test_bench_table_formats_ratios_against_copy_eager_and_compile() -> None:
+    from xbackend.bench._harness import Row, format_table
+
+    rows = [Row("c", "copy_", 100.0, 10**8), Row("c", "eager", 400.0, 10**8, exact=True),
+            Row("c", "compile", 150.0, 10**8, exact=False), Row("c", "xbackend", 125.0, 10**8, exact=True)]
+    line = next(row for row in format_table(rows).splitlines() if " xbackend " in row)
+    assert "80%" in line and "3.20x" in line and "1.20x" in line and line.rstrip().endswith("yes")
