@@ -448,3 +448,10 @@ def test_report_is_printable_and_serialisable() -> None:
     report = xbackend.patch(model)
     assert isinstance(report, PatchReport) and len(report) == len(report.to_dict()["sites"])
     assert str(report).startswith(f"xbackend patch: {len(report)} sites")
+
+
+def test_patch_and_unpatch_reject_a_non_module() -> None:
+    with pytest.raises(TypeError, match="xbackend.patch: argument 'model' expected a torch.nn.Module, got str"):
+        xbackend.patch("model")
+    with pytest.raises(TypeError, match="xbackend.unpatch: argument 'model' expected a torch.nn.Module, got dict"):
+        xbackend.unpatch({})

@@ -77,6 +77,11 @@ class PatchReport:
         return {"sites": [s.__dict__ for s in self.sites], "skipped": [k.__dict__ for k in self.skipped]}
 
 
+def _require_module(fn: str, model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"xbackend.{fn}: argument 'model' expected a torch.nn.Module, got {type(model).__name__}")
+
+
 def _kinds(kinds: Iterable[str] | None) -> frozenset[str]:
     if kinds is None:
         return frozenset(KINDS)
@@ -96,6 +101,7 @@ def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, decode_group:
     torch.distributed is initialised, and every rank must then decode the same latent); leave
     ``"tiled_decode"`` out of ``kinds`` to keep diffusers' serial decode.
     """
+    _require_module("patch", model)
     chosen = _kinds(kinds)
     found = Findings()
     norm_classes = tuple(c for c in (nn.RMSNorm, diffusers_rmsnorm_class()) if c is not None)
@@ -121,6 +127,7 @@ def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, decode_group:
 def unpatch(model: nn.Module) -> PatchReport:
     """Remove every override `patch` set on ``model``; returns the sites restored. Modules and
     processors are exactly the objects they were before, with their own class forwards."""
+    _require_module("unpatch", model)
     found = Findings()
     roles = {cls: role for role, cls in ltx2.classes().items()}
     for path, module in model.named_modules():
