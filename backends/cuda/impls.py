@@ -7,17 +7,12 @@ import torch
 
 import xbackend
 from xbackend import Impl
+from xbackend.kernels import triton_available
 
 _L = "xbackend_cuda.launch"
 _K = "xbackend.kernels"
 # Seed 000 qualified the arch-independent pointwise kernels on SM90 and SM103; SM100 shares them.
 POINTWISE = "sm90..sm103"
-
-
-def _triton_available() -> str | None:
-    from .plugin import triton_available
-
-    return triton_available()
 
 
 def _cuda_ext_available() -> str | None:
@@ -32,39 +27,39 @@ HALF = frozenset({torch.bfloat16, torch.float16})
 
 IMPLS: list[Impl] = [
     Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_L}:supports_rmsnorm", priority=100,
-         devices=POINTWISE, available=_triton_available,
+         devices=POINTWISE, available=triton_available,
          description="Triton, PyTorch's fp32 reduction order reproduced (bit-exact, both flavours)"),
     # One tree-sum reduction: not faster than the exact kernels at D=4096 (notes/rmsnorm.md), so it
     # ranks below them and serves what they reject (odd D, misaligned rows) in looser tiers.
     Impl(op="rmsnorm", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast_torch", priority=90, devices=POINTWISE,
-         precision=xbackend.ulp(1), available=_triton_available,
+         precision=xbackend.ulp(1), available=triton_available,
          description="Triton, one tree-sum reduction, torch flavour (max 1 ulp measured on H200)"),
     Impl(op="rmsnorm", name="triton_fast_diffusers", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast_diffusers", priority=90, devices=POINTWISE,
-         precision=xbackend.ulp(2), available=_triton_available,
+         precision=xbackend.ulp(2), available=triton_available,
          description="Triton, one tree-sum reduction, diffusers flavour (max 2 ulp: two roundings)"),
     Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_L}:supports_rmsnorm_modulate",
-         priority=100, devices=POINTWISE, available=_triton_available,
+         priority=100, devices=POINTWISE, available=triton_available,
          description="Triton, norm + (1 + scale) + shift fused, eager's roundings (bit-exact)"),
     Impl(op="rmsnorm_modulate", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_modulate_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_modulate_fast", priority=90, devices=POINTWISE,
-         precision=xbackend.tolerance(5e-3), available=_triton_available,
+         precision=xbackend.tolerance(5e-3), available=triton_available,
          description="Triton fused modulate, one-sum reduction (+shift cancels: up to 64 ulp near 0)"),
     # Seed 001: CUDA C++ above Triton; a failed build or launch falls to Triton, then the reference.
     Impl(op="gated_residual", name="cuda_vec", fn=f"{_L}:gated_residual_cuda",
          supports=f"{_K}.cuda_gated_residual:supports", priority=110, devices=POINTWISE, available=_cuda_ext_available,
          description="CUDA C++ (JIT), 16-byte vectors, row-tiled broadcast gate, no FMA (bit-exact)"),
     Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual_triton",
-         supports=f"{_K}.triton_gated_residual:supports", priority=100, devices=POINTWISE, available=_triton_available,
+         supports=f"{_K}.triton_gated_residual:supports", priority=100, devices=POINTWISE, available=triton_available,
          description="Triton, row-tiled, fp fusion off (bit-exact)"),
     # Hopper-tuned fused kernel; seed 000 keeps FNA on SM90 only (its schedule regressed on SM103).
     Impl(op="neighborhood_attention", name="na_triton", fn=f"{_K}.na_triton:neighborhood_attention",
          supports=f"{_K}.na_triton:supports", priority=100, devices="sm90", dtypes=HALF, precision=NA_TOLERANCE,
-         available=_triton_available, description="Triton fused NA over spatial tiles, skips masked KV blocks"),
+         available=triton_available, description="Triton fused NA over spatial tiles, skips masked KV blocks"),
     Impl(op="neighborhood_attention", name="na_flex", fn=f"{_K}.na_flex:neighborhood_attention",
          supports=f"{_K}.na_flex:supports", priority=50, devices="sm80..", precision=NA_TOLERANCE,
-         available=_triton_available, description="flex_attention over token-permuted tiles, compact block mask"),
+         available=triton_available, description="flex_attention over token-permuted tiles, compact block mask"),
     Impl(op="neighborhood_attention", name="na_tiled_sdpa", fn=f"{_K}.na_tiled_sdpa:neighborhood_attention",
          supports=f"{_K}.na_tiled_sdpa:supports", priority=10, devices="cuda", precision=NA_TOLERANCE,
          description="SDPA over each query chunk's key box (memory-bounded)"),

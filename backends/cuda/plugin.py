@@ -7,13 +7,8 @@ qualified them on SM90 and SM103); neighborhood attention's fused kernel is tune
 
 from __future__ import annotations
 
-import importlib.util
-
 import xbackend
-
-
-def triton_available() -> str | None:
-    return None if importlib.util.find_spec("triton") is not None else "triton is not installed"
+from xbackend.kernels import triton_available
 
 
 @xbackend.hookimpl

@@ -3,22 +3,17 @@ CPU through simulated gfx942/gfx950 probes, and every one is verified by the gua
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 import xbackend
 from xbackend import Impl
+from xbackend.kernels import triton_available
 
 _L = "xbackend_rocm.launch"
 _K = "xbackend.kernels"
 CDNA = "gfx942,gfx950"  # MI300X/MI325X, MI350X/MI355X
 HALF = frozenset({torch.float16, torch.bfloat16})
 NA_TOLERANCE = xbackend.tolerance(5e-3)
-
-
-def _triton_available() -> str | None:
-    return None if importlib.util.find_spec("triton") is not None else "triton is not installed"
 
 
 def _aiter_available() -> str | None:
@@ -38,23 +33,23 @@ IMPLS: list[Impl] = [
          precision=xbackend.ulp(2), available=_aiter_available,
          description="AMD AITER CK rms_norm standing in for diffusers' two-rounding RMSNorm"),
     Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_L}:supports_rmsnorm", priority=100,
-         devices=CDNA, available=_triton_available, description="Triton, a ROCm build's reduction order reproduced"),
+         devices=CDNA, available=triton_available, description="Triton, a ROCm build's reduction order reproduced"),
     Impl(op="rmsnorm", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast_torch", priority=90, devices=CDNA,
-         precision=xbackend.ulp(1), available=_triton_available),
+         precision=xbackend.ulp(1), available=triton_available),
     Impl(op="rmsnorm", name="triton_fast_diffusers", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast_diffusers", priority=90, devices=CDNA,
-         precision=xbackend.ulp(2), available=_triton_available),
+         precision=xbackend.ulp(2), available=triton_available),
     Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_L}:supports_rmsnorm_modulate",
-         priority=100, devices=CDNA, available=_triton_available),
+         priority=100, devices=CDNA, available=triton_available),
     Impl(op="rmsnorm_modulate", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_modulate_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_modulate_fast", priority=90, devices=CDNA,
-         precision=xbackend.tolerance(5e-3), available=_triton_available),
+         precision=xbackend.tolerance(5e-3), available=triton_available),
     Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual", supports=f"{_K}.triton_gated_residual:supports",
-         priority=100, devices=CDNA, available=_triton_available, description="Triton, fp fusion off (bit-exact)"),
+         priority=100, devices=CDNA, available=triton_available, description="Triton, fp fusion off (bit-exact)"),
     Impl(op="neighborhood_attention", name="na_flex", fn=f"{_K}.na_flex:neighborhood_attention",
          supports=f"{_K}.na_flex:supports", priority=50, devices=CDNA, precision=NA_TOLERANCE,
-         available=_triton_available, description="flex_attention over token-permuted tiles (portable path)"),
+         available=triton_available, description="flex_attention over token-permuted tiles (portable path)"),
     Impl(op="neighborhood_attention", name="na_tiled_sdpa", fn=f"{_K}.na_tiled_sdpa:neighborhood_attention",
          supports=f"{_K}.na_tiled_sdpa:supports", priority=10, devices="rocm", precision=NA_TOLERANCE,
          description="SDPA over each query chunk's key box (memory-bounded fallback)"),
