@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from xbackend.kernels._gated_residual_layout import GateLayout, analyze
+from xbackend.kernels._triton_launch import DirectLaunch
 
 # How a tile finds its gate rows (the GATE_ROWS constexpr).
 _GATE_PER_TILE = 0  # all rows of a tile share one gate row: load it once
@@ -101,6 +102,9 @@ def supports(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> str |
     return None
 
 
+_KERNEL = DirectLaunch(_gated_residual_kernel)
+
+
 def default_block_d(d: int) -> int:
     """Widest power-of-two column block (256..1024) that tiles D without a ragged tail."""
     for block in (1024, 512, 256):
@@ -174,9 +178,10 @@ def _launch(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor, plan: _Pl
     if out.numel() == 0:
         return out, None
     lay = plan.layout
-    handle = _gated_residual_kernel[plan.grid](
-        x, update, gate, out, lay.rows, lay.d, lay.inner, lay.gate_row_stride, **plan.meta, enable_fp_fusion=False
-    )
+    meta = plan.meta
+    args = (x, update, gate, out, lay.rows, lay.d, lay.inner, lay.gate_row_stride, meta["BLOCK_R"], meta["BLOCK_D"],
+            meta["PER_TOKEN"], meta["GATE_ROWS"], meta["EVEN"], meta["WIDE"])
+    handle = _KERNEL(plan.grid, args, num_warps=meta["num_warps"], enable_fp_fusion=False)
     return out, handle
 
 

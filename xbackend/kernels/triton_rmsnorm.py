@@ -41,6 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
+from xbackend.kernels._triton_launch import DirectLaunch
+
 FLAVOURS = ("torch", "diffusers")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _TORCH_VEC = 4  # aten layer_norm_kernel.cu: vec_size, the same for every dtype
@@ -447,6 +449,10 @@ def _rmsnorm_fast_kernel(
     tl.store(out_ptr + rows * D + cols, y, mask=mask)
 
 
+_EXACT = DirectLaunch(_rmsnorm_exact_kernel)
+_FAST = DirectLaunch(_rmsnorm_fast_kernel)
+
+
 # --------------------------------------------------------------------------------------------------
 # Host side: reduction plans
 # --------------------------------------------------------------------------------------------------
@@ -717,6 +723,146 @@ def _default_warps(elems: int) -> int:
     return max(1, min(8, _next_pow2(max(1, elems // 1024))))
 
 
+class _Launch(NamedTuple):
+    """Everything about one launch that follows from the inputs' metadata (cached per metadata key)."""
+
+    grid: tuple[int]
+    m: int
+    rows_view: bool  # x's rows are evenly strided: pass x itself with stride_xm; else copy (_rows_of)
+    stride_xm: int
+    sc_l: tuple[int, int, int, int] | None  # scale layout; None: recompute per call (needs a copy)
+    sh_l: tuple[int, int, int, int] | None
+    consts: tuple  # the constexpr arguments, in signature order
+    options: dict
+    align: int  # torch flavour: bytes x and weight must be aligned to (aten vectorizes only then)
+    check_x: bool
+    check_w: bool
+
+
+_LAUNCHES: dict[tuple, _Launch] = {}
+_MAX_LAUNCHES = 4096
+_ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
+
+
+def _meta(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _plan_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    num: Numerics,
+    rows_per_program: int | None,
+    num_warps: int | None,
+    arrangement: int | None,
+    stream: bool,
+    exact: bool,
+    rsqrt: int | None,
+    store_stat: bool,
+) -> _Launch:
+    d = x.shape[-1]
+    m = x.numel() // max(d, 1)
+    x2 = _rows_of(x)
+    rows_view = x2.data_ptr() == x.data_ptr() or x.numel() == 0
+    sc_l = sh_l = _NO_BCAST
+    if scale is not None and shift is not None:
+        sc, *sc_l = _bcast_layout(scale, x.shape)
+        sh, *sh_l = _bcast_layout(shift, x.shape)
+        sc_l = tuple(sc_l) if sc.data_ptr() == scale.data_ptr() else None
+        sh_l = tuple(sh_l) if sh.data_ptr() == shift.data_ptr() else None
+    align = check_x = check_w = 0
+    if exact:
+        if flavour == "torch":
+            plan = _torch_plan(d, num)
+            factor = 1.0
+            align = _TORCH_VEC * x.element_size()
+            check_x = x.is_contiguous()
+            check_w = weight is not None and weight.is_contiguous()
+        else:
+            plan = _mean_plan(max(m, 1), d, num)
+            assert not isinstance(plan, str)
+            factor = _mean_factor(max(m, 1), d)
+        tile = plan.k * plan.a * plan.b
+        r = rows_per_program or _default_rows(tile)
+        if arrangement is None:
+            arrangement = _default_arrangement(flavour, plan, r, scale is not None)
+        # torch: one warp per 32 emulated threads, the rest of a row stays in registers (4 warps on
+        # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200.
+        warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
+        consts = (_f32(eps), factor, d, FLAVOURS.index(flavour), weight is not None, scale is not None, store_stat, r,
+                  plan.k, plan.a, plan.b, plan.vec_form, int(arrangement), stream, num.warp, plan.bw, plan.y,
+                  num.mean_shfl_increasing, num.mean_x_first, num.rsqrt)
+    else:
+        block_d = _next_pow2(d)
+        r = rows_per_program or _default_rows(block_d)
+        warps = num_warps or _default_warps(r * block_d)
+        consts = (_f32(eps), _f32(1.0 / d), d, FLAVOURS.index(flavour), weight is not None, scale is not None, r,
+                  block_d, default_numerics(x).rsqrt if rsqrt is None else rsqrt)
+    return _Launch((triton.cdiv(m, r),), m, rows_view, x2.stride(0) if x2.dim() == 2 else d, sc_l, sh_l, consts,
+                   {"num_warps": warps, "enable_fp_fusion": False}, align, bool(check_x), bool(check_w))
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    num: Numerics,
+    rows_per_program: int | None,
+    num_warps: int | None,
+    stat: torch.Tensor | None,
+    arrangement: int | None,
+    stream: bool,
+    exact: bool,
+    rsqrt: int | None = None,
+) -> torch.Tensor:
+    # The launch plan depends on metadata only; the pointer alignments aten checks are re-read per call.
+    key = (_meta(x), _meta(weight), _meta(scale), _meta(shift), eps, flavour, num, rows_per_program, num_warps,
+           arrangement, stream, exact, rsqrt, stat is None)
+    lp = _LAUNCHES.get(key)
+    if lp is None:
+        reason = _exact_reason(x, weight, flavour, num) if exact else supports_rmsnorm_fast(x, weight, eps, flavour)
+        if reason:
+            raise ValueError(f"triton rmsnorm {'exact' if exact else 'fast'}: {reason}")
+        lp = _plan_launch(x, weight, scale, shift, eps, flavour, num, rows_per_program, num_warps, arrangement,
+                          stream, exact, rsqrt, stat is not None)
+        if len(_LAUNCHES) < _MAX_LAUNCHES:
+            _LAUNCHES[key] = lp
+    if lp.align and ((lp.check_x and x.data_ptr() % lp.align) or (lp.check_w and weight.data_ptr() % lp.align)):
+        raise ValueError(f"triton rmsnorm exact: {_ALIGN_REASON}")
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # a third of torch.empty's host cost
+    if lp.m == 0 or x.shape[-1] == 0:
+        return out
+    xr = x if lp.rows_view else _rows_of(x)
+    sc = sh = xr
+    sc_l = sh_l = _NO_BCAST
+    if scale is not None and shift is not None:
+        sc, sc_l = (scale, lp.sc_l) if lp.sc_l is not None else _contiguous_layout(scale, x.shape)
+        sh, sh_l = (shift, lp.sh_l) if lp.sh_l is not None else _contiguous_layout(shift, x.shape)
+    w = weight if weight is not None else xr
+    if exact:
+        eps32, factor, *consts = lp.consts
+        args = (xr, w, sc, sh, out, stat if stat is not None else out, lp.m, lp.stride_xm, 1, *sc_l, *sh_l,
+                eps32, factor, *consts)
+        _EXACT(lp.grid, args, **lp.options)
+    else:
+        eps32, inv_d, *consts = lp.consts
+        args = (xr, w, sc, sh, out, lp.m, lp.stride_xm, *sc_l, *sh_l, eps32, inv_d, *consts)
+        _FAST(lp.grid, args, **lp.options)
+    return out
+
+
+def _contiguous_layout(t: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+    te, *lay = _bcast_layout(t, shape)
+    return te, tuple(lay)
+
+
 def _launch_exact(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -731,67 +877,8 @@ def _launch_exact(
     arrangement: int | None = None,
     stream: bool = False,
 ) -> torch.Tensor:
-    reason = _exact_reason(x, weight, flavour, num)
-    if reason:
-        raise ValueError(f"triton rmsnorm exact: {reason}")
-    d = x.shape[-1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if out.numel() == 0:
-        return out
-    x2 = _rows_of(x)
-    m = x2.shape[0]
-    if flavour == "torch":
-        plan = _torch_plan(d, num)
-        factor = 1.0
-    else:
-        plan = _mean_plan(m, d, num)
-        assert not isinstance(plan, str)
-        factor = _mean_factor(m, d)
-    tile = plan.k * plan.a * plan.b
-    r = rows_per_program or _default_rows(tile)
-    if arrangement is None:
-        arrangement = _default_arrangement(flavour, plan, r, scale is not None)
-    # torch: one warp per 32 emulated threads, the rest of a row stays in registers (4 warps on
-    # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200.
-    warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
-    sc, sc_l, sh, sh_l = _modulate_args(x, scale, shift)
-    grid = (triton.cdiv(m, r),)
-    _rmsnorm_exact_kernel[grid](
-        x2,
-        weight if weight is not None else x2,
-        sc,
-        sh,
-        out,
-        stat if stat is not None else out,
-        m,
-        x2.stride(0),
-        1,
-        *sc_l,
-        *sh_l,
-        _f32(eps),
-        factor,
-        D=d,
-        FLAVOUR=FLAVOURS.index(flavour),
-        HAS_W=weight is not None,
-        MODULATE=scale is not None,
-        STORE_STAT=stat is not None,
-        R=r,
-        K=plan.k,
-        A=plan.a,
-        B=plan.b,
-        VEC_FORM=plan.vec_form,
-        ARR=arrangement,
-        STREAM=stream,
-        LANES=num.warp,
-        BW=plan.bw,
-        Y=plan.y,
-        SHFL_ADJ=num.mean_shfl_increasing,
-        X_FIRST=num.mean_x_first,
-        RSQRT=num.rsqrt,
-        num_warps=warps,
-        enable_fp_fusion=False,
-    )
-    return out
+    return _launch(x, weight, scale, shift, eps, flavour, num, rows_per_program, num_warps, stat, arrangement,
+                   stream, True)
 
 
 def rmsnorm(
@@ -855,42 +942,8 @@ def _launch_fast(
     num_warps: int | None,
     rsqrt: int | None,
 ) -> torch.Tensor:
-    reason = supports_rmsnorm_fast(x, weight, eps, flavour)
-    if reason:
-        raise ValueError(f"triton rmsnorm fast: {reason}")
-    d = x.shape[-1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if out.numel() == 0:
-        return out
-    x2 = _rows_of(x)
-    m = x2.shape[0]
-    block_d = _next_pow2(d)
-    r = rows_per_program or _default_rows(block_d)
-    warps = num_warps or _default_warps(r * block_d)
-    sc, sc_l, sh, sh_l = _modulate_args(x, scale, shift)
-    _rmsnorm_fast_kernel[(triton.cdiv(m, r),)](
-        x2,
-        weight if weight is not None else x2,
-        sc,
-        sh,
-        out,
-        m,
-        x2.stride(0),
-        *sc_l,
-        *sh_l,
-        _f32(eps),
-        _f32(1.0 / d),
-        D=d,
-        FLAVOUR=FLAVOURS.index(flavour),
-        HAS_W=weight is not None,
-        MODULATE=scale is not None,
-        R=r,
-        BLOCK_D=block_d,
-        RSQRT=default_numerics(x).rsqrt if rsqrt is None else rsqrt,
-        num_warps=warps,
-        enable_fp_fusion=False,
-    )
-    return out
+    return _launch(x, weight, scale, shift, eps, flavour, default_numerics(x), rows_per_program, num_warps, None,
+                   None, False, False, rsqrt)
 
 
 def rmsnorm_fast(
