@@ -3,6 +3,11 @@ against stock diffusers and torch.compile.
 
     python examples/ltx2_diffvae.py                                   # tiny decoder, CPU, ~1 min (compile warm-up)
     python examples/ltx2_diffvae.py --device cuda --height 512 --width 768 --frames 41   # default config
+    torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock
+
+Under torchrun (NCCL, one GPU per rank) the patched decode runs twice: on rank 0's GPU alone, then with
+its tiles spread over every rank; rank 0 prints both times, the scaling and whether the outputs are
+bit-identical.
 
 Random weights from a config (nothing is downloaded). xbackend.patch routes the RMSNorms, the stage-5
 adaLN modulations, every neighborhood attention (get_op("neighborhood_attention") in place of diffusers'
@@ -18,6 +23,7 @@ different kernel. Stock flex builds a dense block mask, which does not fit a GPU
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -121,6 +127,60 @@ def compare(out: torch.Tensor, ref: torch.Tensor | None) -> str:
     return f"rel. error {rel:.2e}"
 
 
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch.equal on the bit patterns: random weights can produce NaNs, and NaN != NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.view(ints), b.view(ints))
+
+
+def main_distributed(args: argparse.Namespace) -> None:
+    """One GPU (rank 0 alone) against every rank, both through xbackend.patch, same bits expected."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    singles = [dist.new_group([r]) for r in range(world)]  # new_group is collective: every rank makes all
+    args.device = str(device)
+    model = build_model(args)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)  # the same random weights on every rank
+    z = make_latent(model, args)
+    dist.broadcast(z, src=0)
+
+    def decode() -> torch.Tensor:
+        with torch.no_grad():
+            return model.decode(z, generator=torch.Generator(args.device).manual_seed(7)).sample
+
+    def timed_all(label: str) -> tuple[torch.Tensor, float, float]:
+        dist.barrier()
+        out, first, median = timed(decode, args.device, args.repeats, label)
+        t = torch.tensor([first, median], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # done when the slowest rank is
+        return out, *t.tolist()
+
+    one = first_one = median_one = None
+    if rank == 0:
+        print(f"DiffVAE (default config): latent {tuple(z.shape)} -> {args.frames}x{args.height}x{args.width}, "
+              f"{world} ranks")  # fmt: skip
+        print(xbackend.patch(model, decode_group=singles[0]))
+        one, first_one, median_one = timed(decode, args.device, args.repeats, "1 GPU")
+        xbackend.unpatch(model)
+    xbackend.patch(model)  # the default group: tiles over every rank, the result on every rank
+    out, first_all, median_all = timed_all(f"{world} GPUs")
+    if rank == 0:
+        same = "bit-identical" if bits_equal(out, one) else "DIFFERS"
+        print(f"\n{'mode':<30} {'first call':>11} {'median':>10} {'scaling':>8}  output")
+        print(f"{'xbackend.patch, 1 GPU':<30} {first_one:>10.2f}s {median_one:>9.3f}s {1.0:>7.2f}x  reference")
+        print(f"{f'xbackend.patch, {world} GPUs':<30} {first_all:>10.2f}s {median_all:>9.3f}s "
+              f"{median_one / median_all:>7.2f}x  {same} to 1 GPU")  # fmt: skip
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def attention_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     decoder = model.decoder
     return [block for stage in decoder.det_stages for block in stage] + list(decoder.diff_blocks)
@@ -130,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
     diffusers_logging.set_verbosity_error()  # not the `.to(dtype)` advice meant for from_pretrained
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return main_distributed(args)
     model = build_model(args)
     z = make_latent(model, args)
     print(f"DiffVAE ({'tiny' if args.tiny else 'default'} config): latent {tuple(z.shape)} -> "

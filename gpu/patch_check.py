@@ -80,6 +80,27 @@ def bench_ms(blocks: list[Block], kwargs: dict[str, Any]) -> float:
     return do_bench(lambda: run_stack(blocks, kwargs), warmup=200, rep=1500, return_mode="median")
 
 
+def profile(blocks: list[Block], kwargs: dict[str, Any], label: str, out: Path) -> dict[str, float]:
+    """torch.profiler over 3 stack calls: per-kernel GPU time (top 20) and how busy the GPU was."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run_stack(blocks, kwargs)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(3):
+            run_stack(blocks, kwargs)
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3 / 3
+    events = prof.key_averages()
+    kernel_ms = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / 1e3 / 3
+    table = events.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=70)
+    with (out / "patch_profile.txt").open("a") as f:
+        f.write(f"== {label}: wall {wall_ms:.2f} ms/stack (profiled), GPU kernels {kernel_ms:.2f} ms/stack\n{table}\n")
+    return {"profiled_wall_ms": wall_ms, "kernel_ms": kernel_ms}
+
+
 def compare(outs: Outputs, ref: Outputs) -> dict[str, Any]:
     equal = all(torch.equal(a, b) for pair, ref_pair in zip(outs, ref, strict=True) for a, b in zip(pair, ref_pair, strict=True))
     diff = max(
@@ -89,7 +110,7 @@ def compare(outs: Outputs, ref: Outputs) -> dict[str, Any]:
     return {"bit_identical": equal, "max_abs_diff": diff}
 
 
-def check_seq(seq: int, layers: int, compile_patched: bool) -> dict[str, Any]:
+def check_seq(seq: int, layers: int, compile_patched: bool, prof_out: Path | None) -> dict[str, Any]:
     import ltx2_transformer as example
 
     args = example.parse_args(["--device", "cuda", "--layers", str(layers), "--seq", str(seq)])
@@ -100,12 +121,16 @@ def check_seq(seq: int, layers: int, compile_patched: bool) -> dict[str, Any]:
 
     ref, row["eager_first_s"] = first_call(blocks, kwargs)
     row["eager_ms"] = bench_ms(blocks, kwargs)
+    if prof_out is not None:
+        row["eager_profile"] = profile(blocks, kwargs, f"eager seq {seq}", prof_out)
 
     report = xbackend.patch(model)
     row["sites"] = report.counts()
     outs, row["patched_first_s"] = first_call(blocks, kwargs)
     row["patched_ms"] = bench_ms(blocks, kwargs)
     row["patched"] = compare(outs, ref)
+    if prof_out is not None:
+        row["patched_profile"] = profile(blocks, kwargs, f"patched seq {seq}", prof_out)
     if compile_patched:
         torch._dynamo.reset()
         compiled = [torch.compile(b) for b in blocks]
@@ -132,7 +157,7 @@ def check_seq(seq: int, layers: int, compile_patched: bool) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'seq':>6} {'eager ms':>9} {'patched ms':>11} {'compile ms':>11} {'warm-up s':>10} "
-            f"{'vs eager':>9} {'vs compile':>11}  patched output        bar")  # fmt: skip
+            f"{'vs eager':>9} {'vs compile':>11} {'p+c ms':>8}  patched output        bar")  # fmt: skip
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -141,7 +166,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         verdict = "bit-identical" if r["patched"]["bit_identical"] else f"DIFFERS {r['patched']['max_abs_diff']:.3g}"
         lines.append(
             f"{r['seq']:>6} {r['eager_ms']:>9.2f} {r['patched_ms']:>11.2f} {r['compile_ms']:>11.2f} "
-            f"{r['compile_warmup_s']:>10.1f} {r['patched_speedup_vs_eager']:>8.3f}x {r['patched_speedup_vs_compile']:>10.3f}x  "
+            f"{r['compile_warmup_s']:>10.1f} {r['patched_speedup_vs_eager']:>8.3f}x {r['patched_speedup_vs_compile']:>10.3f}x "
+            f"{r.get('patched_compile_ms', float('nan')):>8.2f}  "
             f"{verdict:<21} {'met' if r['bar_met'] else 'NOT met'}"
         )
     return "\n".join(lines)
@@ -153,6 +179,7 @@ def main() -> None:
     p.add_argument("--seqs", default="8160,32640")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/xbackend-out"))
     p.add_argument("--compile-patched", action="store_true")
+    p.add_argument("--profile", action="store_true", help="also write $OUT/patch_profile.txt (torch.profiler)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +194,7 @@ def main() -> None:
     result["diffusers"] = diffusers.__version__
     for seq in (int(s) for s in args.seqs.split(",") if s):
         try:
-            row = check_seq(seq, args.layers, args.compile_patched)
+            row = check_seq(seq, args.layers, args.compile_patched, out if args.profile else None)
         except Exception as exc:  # one failing size must not cost the others' numbers
             row = {"seq": seq, "error": f"{type(exc).__name__}: {exc}"}
             torch.cuda.empty_cache()
