@@ -1,6 +1,6 @@
 """Host cost per call of xbackend's pointwise ops against eager PyTorch launches, on a CUDA GPU.
 
-    python3 gpu/host_overhead.py [--calls 3000] [--out $OUT]
+    python3 gpu/host_overhead.py [--calls 200] [--cprofile] [--out $OUT]
 
 For each shape and callable: ``calls`` back-to-back calls without synchronising. ``issue µs`` is the
 host time per call (what the Python caller pays); ``wall µs`` includes the GPU draining the queue, so
@@ -32,11 +32,13 @@ EPS = 1e-6
 
 
 def host_us(fn: Callable[[], object], calls: int) -> tuple[float, float]:
+    """(host µs per call, wall µs per call): bursts of `calls` launches from an idle GPU, short enough
+    never to fill the launch queue (which would make the host wait on the GPU), best of 20."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
     best_issue, best_wall = float("inf"), float("inf")
-    for _ in range(3):
+    for _ in range(20):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -46,6 +48,10 @@ def host_us(fn: Callable[[], object], calls: int) -> tuple[float, float]:
         best_issue = min(best_issue, (t1 - t0) / calls * 1e6)
         best_wall = min(best_wall, (t2 - t0) / calls * 1e6)
     return best_issue, best_wall
+
+
+def rmsnorm_toggle(direct: bool) -> None:
+    K._DIRECT = direct
 
 
 def jit_path(launcher: object) -> Callable[[bool], None]:
@@ -89,12 +95,14 @@ def make_cases(shape: list[int], dev: str, toggles: tuple[Callable[[bool], None]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--cprofile", action="store_true", help="also profile the host side of one case (cProfile)")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/xbackend-out"))
     args = p.parse_args()
     dev = "cuda"
     rows = []
-    exact_toggle, fast_toggle, gr_toggle = jit_path(K._EXACT), jit_path(K._FAST), jit_path(G._KERNEL)
+    exact_toggle = fast_toggle = rmsnorm_toggle
+    gr_toggle = jit_path(G._KERNEL)
     for shape in ([1, 126, 2048], [1, 512, 3072], [1, 8160, 4096]):
         cases = make_cases(shape, dev, (exact_toggle, fast_toggle, gr_toggle))
         with torch.inference_mode():
@@ -112,6 +120,22 @@ def main() -> None:
                 rows.append(row)
                 jit = f"  (Triton's path: {row['jit_issue_us']:6.2f} / {row['jit_wall_us']:6.2f})" if toggle else ""
                 print(f"{shape!s:>16} {name:<30} issue {issue:6.2f} µs  wall {wall:6.2f} µs{jit}", flush=True)
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        x = torch.randn(1, 126, 2048, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(2048, device=dev, dtype=torch.bfloat16)
+        norm = xbackend.get_op("rmsnorm")
+        with torch.inference_mode():
+            norm(x, w, EPS, "torch")
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(2000):
+                norm(x, w, EPS, "torch")
+            prof.disable()
+            torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     print(xbackend.report())
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "host_overhead.json").write_text(json.dumps(rows, indent=2))

@@ -134,20 +134,43 @@ def test_gpu_direct_equals_triton_path(rows, offset):
     x = base[offset:].view(1, rows, d)  # offset 1: a pointer Triton does not see as aligned
     u, w = torch.randn_like(x), torch.randn(d, device="cuda", dtype=torch.bfloat16)
     gate = torch.randn(1, 1, d, device="cuda", dtype=torch.bfloat16)
+    def rmsnorm_path(direct: bool) -> None:
+        K._DIRECT = direct
+
+    def gated_path(direct: bool) -> None:
+        G._KERNEL._direct = direct
+
     calls = [
-        (K._EXACT, lambda: K.rmsnorm(x, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
-        (K._FAST, lambda: K.rmsnorm_fast(x, w, 1e-6, "torch")),
-        (K._EXACT, lambda: K.rmsnorm_modulate(x, gate, gate, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
+        (rmsnorm_path, lambda: K.rmsnorm(x, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
+        (rmsnorm_path, lambda: K.rmsnorm_fast(x, w, 1e-6, "torch")),
+        (rmsnorm_path, lambda: K.rmsnorm_modulate(x, gate, gate, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
     ]
     if offset % 8 == 0:  # the torch flavour rejects rows aten would not vectorize
-        calls.append((K._EXACT, lambda: K.rmsnorm(x, w, 1e-6, "torch", numerics=K.CUDA_NUMERICS)))
-        calls.append((G._KERNEL, lambda: G.gated_residual(x.contiguous(), u, gate)))
-    for launcher, fn in calls:
+        calls.append((rmsnorm_path, lambda: K.rmsnorm(x, w, 1e-6, "torch", numerics=K.CUDA_NUMERICS)))
+        calls.append((gated_path, lambda: G.gated_residual(x.contiguous(), u, gate)))
+    for set_direct, fn in calls:
         fn()  # compiles through Triton and caches the handle
         direct = fn()
-        launcher._direct = False
+        set_direct(False)
         try:
             triton_path = fn()
         finally:
-            launcher._direct = True
+            set_direct(True)
         assert torch.equal(direct, triton_path)
+
+
+def test_a_hook_added_to_tritons_chain_is_seen():
+    if TL._CHAINS is None:
+        pytest.skip("this Triton keeps no HookChain")
+    enter = TL._knobs.runtime.launch_enter_hook
+    assert not TL.hooked()
+
+    def hook(*args):
+        return None
+
+    enter.add(hook)
+    try:
+        assert TL.hooked()
+    finally:
+        enter.remove(hook)
+    assert not TL.hooked()

@@ -1,17 +1,25 @@
 """Launch a JIT'd Triton kernel through its compiled launcher, without ``JITFunction.run``'s per-call work.
 
 ``kernel[grid](...)`` re-binds every argument, re-derives the specialisation of each one, stringifies
-the options and hashes the lot on every launch. For our pointwise kernels (a dozen runtime arguments,
-up to twenty constexprs) that host cost exceeds the GPU time of the small shapes a DiT block runs
-(the audio stream's 126-token norms), so a patched block went host-bound (issue 6). ``DirectLaunch``
-does the first launch of each specialisation through Triton (which compiles and caches it) and keeps
-the returned compiled kernel; later launches call its launcher directly.
+the options, hashes the lot, builds launch metadata for the hook chain, and its C launcher asks the
+driver about every pointer (``cuPointerGetAttribute``). For our pointwise kernels (a dozen runtime
+arguments, up to twenty constexprs) that came to ~50 µs of host per launch on the H200 host, more
+than the GPU time of the small shapes a DiT block runs (the audio stream's 126-token norms), so a
+patched block went host-bound (issue 6).
 
-The cache key holds exactly what Triton specialises on: every constexpr and option, the dtype and
-16-byte alignment of each pointer, and for each integer whether it is 1, divisible by 16, and 32- or
-64-bit (``native_specialize_impl`` in Triton 3.x). Anything unusual — the interpreter, launch hooks
-(profilers such as proton set them), a non-current device, an argument type not listed — goes
-through Triton's own path, so behaviour never differs, only the host cost.
+The first launch of each specialisation goes through Triton, which compiles and caches it; we keep the
+compiled kernel it returns. Later launches call the kernel's launcher directly, with pointers passed
+as integers (the launcher then skips its per-pointer driver query; our callers have checked the
+tensors are on the current CUDA device). Two ways to key the compiled kernels:
+
+* ``DirectLaunch(fn)(grid, args, **options)`` derives the key from the arguments, exactly what Triton
+  specialises on: every constexpr and option, each pointer's dtype and 16-byte alignment, and for each
+  integer whether it is 1, divisible by 16, and 32- or 64-bit (``native_specialize_impl`` in Triton 3.x).
+* a caller that already holds a launch plan fixed by the inputs' metadata keys by that plan plus the
+  pointers' alignments and calls :func:`launch_compiled` itself (``triton_rmsnorm`` does).
+
+The interpreter, launch hooks (profilers such as proton install them) and argument types not listed
+above go through Triton's own path, so behaviour never differs, only the host cost.
 """
 
 from __future__ import annotations
@@ -32,18 +40,58 @@ _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _MAX_ENTRIES = 4096
 
 
+def direct_capable(fn: Any) -> bool:
+    """True for a compiled ``@triton.jit`` function (the interpreter hands out InterpretedFunction)."""
+    return _knobs is not None and hasattr(fn, "device_caches") and hasattr(fn, "params")
+
+
+def _hooks_installed() -> bool:
+    runtime = _knobs.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True)) or (exit_ is not None and getattr(exit_, "calls", True)))
+
+
+# Triton 3.6 holds the launch hooks in two HookChain objects that profilers add to; reading their call
+# lists directly costs a tenth of going through the knobs descriptors on every launch.
+_CHAINS = None
+if _knobs is not None:
+    _chains = (_knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook)
+    if all(isinstance(getattr(c, "calls", None), list) for c in _chains):
+        _CHAINS = _chains
+
+
+def hooked() -> bool:
+    """True when a launch hook is installed (so Triton's own launch path must run)."""
+    if _CHAINS is not None:
+        enter, exit_ = _CHAINS
+        if enter.calls or exit_.calls:
+            return True
+        # A hook set by assignment replaces the chain object instead of adding to it.
+        runtime = _knobs.runtime
+        return runtime.launch_enter_hook is not enter or runtime.launch_exit_hook is not exit_
+    return _knobs is None or _hooks_installed()
+
+
+def launch_compiled(kernel: Any, grid: tuple[int, ...], device: int, args: tuple[Any, ...]) -> None:
+    """Launch a kernel Triton compiled earlier (a handle ``fn[grid](...)`` returned), on the current stream
+    of ``device``. ``args`` are every kernel parameter in signature order; pointers may be ints."""
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    stream = _driver.active.get_current_stream(device)
+    run = kernel.run
+    launch = getattr(run, "launch", None)
+    if launch is not None and not run.global_scratch_size and not run.profile_scratch_size:
+        # CudaLauncher.__call__ without its scratch-allocation closures (none needed here).
+        launch(grid[0], g1, g2, stream, kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+               kernel.packed_metadata, None, None, None, *args)  # fmt: skip
+    else:
+        run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+
+
 def _int_spec(v: int) -> int:
     if v == 1:
         return 1
     return 2 | (v % 16 == 0) << 2 | (not _I32_MIN <= v <= _I32_MAX) << 3
-
-
-def _hooked(runtime: Any) -> bool:
-    """True when a launch hook is installed (Triton 3.6 keeps them in a HookChain, empty by default)."""
-    return any(
-        hook is not None and getattr(hook, "calls", True)
-        for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook)
-    )
 
 
 class DirectLaunch:
@@ -55,18 +103,26 @@ class DirectLaunch:
 
     def __init__(self, fn: Any) -> None:
         self._fn = fn
-        # The interpreter (TRITON_INTERPRET=1) hands out InterpretedFunction: no compiled launcher.
-        self._direct = _knobs is not None and hasattr(fn, "device_caches") and hasattr(fn, "params")
+        self._direct = direct_capable(fn)
         params = getattr(fn, "params", ())
         self._runtime_idx = tuple(p.num for p in params if not p.is_constexpr)
         self._constexpr_idx = tuple(p.num for p in params if p.is_constexpr)
         self._cache: dict[tuple[Any, ...], Any] = {}
 
+    @property
+    def fn(self) -> Any:
+        return self._fn
+
+    @property
+    def direct(self) -> bool:
+        return self._direct
+
     def __call__(self, grid: tuple[int, ...], args: tuple[Any, ...], **options: Any) -> Any:
-        if not self._direct or _hooked(_knobs.runtime):
+        if not self._direct or hooked():
             return self._fn[grid](*args, **options)
         device = _current_device()
         spec: list[Any] = [device]
+        launch_args = list(args)
         for i in self._runtime_idx:
             a = args[i]
             t = type(a)
@@ -75,8 +131,10 @@ class DirectLaunch:
                     # Triton launches on the current device; run where the data is instead.
                     with torch.cuda.device(a.get_device()):
                         return self(grid, args, **options)
+                ptr = a.data_ptr()
                 spec.append(a.dtype)
-                spec.append(a.data_ptr() % 16 == 0)
+                spec.append(ptr % 16 == 0)
+                launch_args[i] = ptr
             elif t is int:
                 spec.append(_int_spec(a))
             elif t is float or a is None:
@@ -90,16 +148,8 @@ class DirectLaunch:
             if kernel is not None and len(self._cache) < _MAX_ENTRIES:
                 self._cache[key] = kernel
             return kernel
-        g1 = grid[1] if len(grid) > 1 else 1
-        g2 = grid[2] if len(grid) > 2 else 1
-        kernel.run(grid[0], g1, g2, _driver.active.get_current_stream(device), kernel.function,
-                   kernel.packed_metadata, None, None, None, *args)
+        launch_compiled(kernel, grid, device, tuple(launch_args))
         return kernel
 
 
-def launcher(fn: Any) -> DirectLaunch:
-    """A :class:`DirectLaunch` for ``fn`` (a ``@triton.jit`` kernel)."""
-    return DirectLaunch(fn)
-
-
-__all__ = ["DirectLaunch", "launcher"]
+__all__ = ["DirectLaunch", "direct_capable", "hooked", "launch_compiled"]

@@ -41,7 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels import _triton_launch
+from xbackend.kernels._triton_launch import direct_capable, hooked, launch_compiled
 
 FLAVOURS = ("torch", "diffusers")
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -449,8 +450,8 @@ def _rmsnorm_fast_kernel(
     tl.store(out_ptr + rows * D + cols, y, mask=mask)
 
 
-_EXACT = DirectLaunch(_rmsnorm_exact_kernel)
-_FAST = DirectLaunch(_rmsnorm_fast_kernel)
+# False under the interpreter; tests and gpu/host_overhead.py flip it to time Triton's own path.
+_DIRECT = direct_capable(_rmsnorm_exact_kernel)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -737,6 +738,7 @@ class _Launch(NamedTuple):
     align: int  # torch flavour: bytes x and weight must be aligned to (aten vectorizes only then)
     check_x: bool
     check_w: bool
+    kernels: dict  # (device, pointer alignments) -> the kernel Triton compiled for them
 
 
 _LAUNCHES: dict[tuple, _Launch] = {}
@@ -803,7 +805,7 @@ def _plan_launch(
         consts = (_f32(eps), _f32(1.0 / d), d, FLAVOURS.index(flavour), weight is not None, scale is not None, r,
                   block_d, default_numerics(x).rsqrt if rsqrt is None else rsqrt)
     return _Launch((triton.cdiv(m, r),), m, rows_view, x2.stride(0) if x2.dim() == 2 else d, sc_l, sh_l, consts,
-                   {"num_warps": warps, "enable_fp_fusion": False}, align, bool(check_x), bool(check_w))
+                   {"num_warps": warps, "enable_fp_fusion": False}, align, bool(check_x), bool(check_w), {})
 
 
 def _launch(
@@ -846,15 +848,35 @@ def _launch(
         sc, sc_l = (scale, lp.sc_l) if lp.sc_l is not None else _contiguous_layout(scale, x.shape)
         sh, sh_l = (shift, lp.sh_l) if lp.sh_l is not None else _contiguous_layout(shift, x.shape)
     w = weight if weight is not None else xr
+    st = stat if stat is not None else out
     if exact:
         eps32, factor, *consts = lp.consts
-        args = (xr, w, sc, sh, out, stat if stat is not None else out, lp.m, lp.stride_xm, 1, *sc_l, *sh_l,
-                eps32, factor, *consts)
-        _EXACT(lp.grid, args, **lp.options)
+        tail = (lp.m, lp.stride_xm, 1, *sc_l, *sh_l, eps32, factor, *consts)
+        ptrs: tuple = (xr, w, sc, sh, out, st)
+        fn = _rmsnorm_exact_kernel
     else:
         eps32, inv_d, *consts = lp.consts
-        args = (xr, w, sc, sh, out, lp.m, lp.stride_xm, *sc_l, *sh_l, eps32, inv_d, *consts)
-        _FAST(lp.grid, args, **lp.options)
+        tail = (lp.m, lp.stride_xm, *sc_l, *sh_l, eps32, inv_d, *consts)
+        ptrs = (xr, w, sc, sh, out)
+        fn = _rmsnorm_fast_kernel
+    if not _DIRECT:  # the interpreter
+        fn[lp.grid](*ptrs, *tail, **lp.options)
+        return out
+    device = xr.get_device()
+    if device != _triton_launch._current_device():  # Triton launches on the current device: go to the data
+        with torch.cuda.device(device):
+            fn[lp.grid](*ptrs, *tail, **lp.options)
+        return out
+    ints = tuple([t.data_ptr() for t in ptrs])
+    # Triton specialises pointers on 16-byte alignment; everything else in the key is fixed by lp.
+    key = (device, *[p & 15 == 0 for p in ints])
+    kernel = lp.kernels.get(key)
+    if kernel is None or hooked():
+        kernel = fn[lp.grid](*ptrs, *tail, **lp.options)
+        if kernel is not None:
+            lp.kernels[key] = kernel
+    else:
+        launch_compiled(kernel, lp.grid, device, (*ints, *tail))
     return out
 
 
