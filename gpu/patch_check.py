@@ -1,6 +1,6 @@
 """LTX-2 transformer blocks: xbackend.patch vs eager diffusers vs torch.compile, on one GPU.
 
-    python3 gpu/patch_check.py [--layers 2] [--seqs 8160,32640] [--out $OUT] [--compile-patched]
+    python3 gpu/patch_check.py [--layers 2] [--seqs 8160,32640] [--out $OUT] [--compile-patched] [--graphs] [--profile]
 
 The real LTX-2 block (hidden 4096 = 32 x 128, audio 2048 = 32 x 64, bf16, random weights; nothing is
 downloaded), `--layers` of them. One model forward captures the first block's inputs; each mode then
@@ -11,6 +11,8 @@ runs the block stack on them:
   every block's video and audio output).
 - compile: `torch.compile` (inductor) of each stock block; the warm-up (first call) is reported apart.
 - patched+compile (`--compile-patched`): the patched blocks compiled, xbackend ops as opaque nodes.
+- `--graphs`: eager and patched stacks captured once as CUDA graphs and replayed (no host in the loop).
+- `--profile`: torch.profiler tables (per-kernel GPU time, GPU busy time against wall) in patch_profile.txt.
 
 Times are medians of triton.testing.do_bench (it clears the L2 between calls; every activation here is
 larger than the H200's 60 MB L2 anyway: [1, 8160, 4096] bf16 is 67 MB). The issue's bar: patched at
@@ -80,6 +82,33 @@ def bench_ms(blocks: list[Block], kwargs: dict[str, Any]) -> float:
     return do_bench(lambda: run_stack(blocks, kwargs), warmup=200, rep=1500, return_mode="median")
 
 
+def graph_ms(blocks: list[Block], kwargs: dict[str, Any]) -> tuple[Outputs, float]:
+    """The stack captured once in a CUDA graph, then replayed: what it costs with no host in the loop."""
+    from triton.testing import do_bench
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run_stack(blocks, kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run_stack(blocks, kwargs)
+    graph.replay()
+    torch.cuda.synchronize()
+    return outs, do_bench(graph.replay, warmup=200, rep=1500, return_mode="median")
+
+
+def try_graph(row: dict[str, Any], name: str, blocks: list[Block], kwargs: dict[str, Any], ref: Outputs) -> None:
+    try:
+        outs, row[f"{name}_graph_ms"] = graph_ms(blocks, kwargs)
+        row[f"{name}_graph"] = compare(outs, ref)
+    except Exception as exc:  # a block that syncs the host cannot be captured: say so, keep going
+        row[f"{name}_graph_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        torch.cuda.synchronize()
+
+
 def profile(blocks: list[Block], kwargs: dict[str, Any], label: str, out: Path) -> dict[str, float]:
     """torch.profiler over 3 stack calls: per-kernel GPU time (top 20) and how busy the GPU was."""
     from torch.profiler import ProfilerActivity
@@ -110,7 +139,9 @@ def compare(outs: Outputs, ref: Outputs) -> dict[str, Any]:
     return {"bit_identical": equal, "max_abs_diff": diff}
 
 
-def check_seq(seq: int, layers: int, compile_patched: bool, prof_out: Path | None) -> dict[str, Any]:
+def check_seq(
+    seq: int, layers: int, compile_patched: bool, prof_out: Path | None, graphs: bool = False
+) -> dict[str, Any]:
     import ltx2_transformer as example
 
     args = example.parse_args(["--device", "cuda", "--layers", str(layers), "--seq", str(seq)])
@@ -123,6 +154,8 @@ def check_seq(seq: int, layers: int, compile_patched: bool, prof_out: Path | Non
     row["eager_ms"] = bench_ms(blocks, kwargs)
     if prof_out is not None:
         row["eager_profile"] = profile(blocks, kwargs, f"eager seq {seq}", prof_out)
+    if graphs:
+        try_graph(row, "eager", blocks, kwargs, ref)
 
     report = xbackend.patch(model)
     row["sites"] = report.counts()
@@ -131,6 +164,8 @@ def check_seq(seq: int, layers: int, compile_patched: bool, prof_out: Path | Non
     row["patched"] = compare(outs, ref)
     if prof_out is not None:
         row["patched_profile"] = profile(blocks, kwargs, f"patched seq {seq}", prof_out)
+    if graphs:
+        try_graph(row, "patched", blocks, kwargs, ref)
     if compile_patched:
         torch._dynamo.reset()
         compiled = [torch.compile(b) for b in blocks]
@@ -157,7 +192,7 @@ def check_seq(seq: int, layers: int, compile_patched: bool, prof_out: Path | Non
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'seq':>6} {'eager ms':>9} {'patched ms':>11} {'compile ms':>11} {'warm-up s':>10} "
-            f"{'vs eager':>9} {'vs compile':>11} {'p+c ms':>8}  patched output        bar")  # fmt: skip
+            f"{'vs eager':>9} {'vs compile':>11} {'p+c ms':>8} {'e+graph':>8} {'p+graph':>8}  patched output        bar")  # fmt: skip
     lines = [head]
     for r in rows:
         if "error" in r:
@@ -167,7 +202,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['seq']:>6} {r['eager_ms']:>9.2f} {r['patched_ms']:>11.2f} {r['compile_ms']:>11.2f} "
             f"{r['compile_warmup_s']:>10.1f} {r['patched_speedup_vs_eager']:>8.3f}x {r['patched_speedup_vs_compile']:>10.3f}x "
-            f"{r.get('patched_compile_ms', float('nan')):>8.2f}  "
+            f"{r.get('patched_compile_ms', float('nan')):>8.2f} {r.get('eager_graph_ms', float('nan')):>8.2f} "
+            f"{r.get('patched_graph_ms', float('nan')):>8.2f}  "
             f"{verdict:<21} {'met' if r['bar_met'] else 'NOT met'}"
         )
     return "\n".join(lines)
@@ -180,6 +216,7 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/xbackend-out"))
     p.add_argument("--compile-patched", action="store_true")
     p.add_argument("--profile", action="store_true", help="also write $OUT/patch_profile.txt (torch.profiler)")
+    p.add_argument("--graphs", action="store_true", help="also time eager and patched stacks replayed as CUDA graphs")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +231,7 @@ def main() -> None:
     result["diffusers"] = diffusers.__version__
     for seq in (int(s) for s in args.seqs.split(",") if s):
         try:
-            row = check_seq(seq, args.layers, args.compile_patched, out if args.profile else None)
+            row = check_seq(seq, args.layers, args.compile_patched, out if args.profile else None, args.graphs)
         except Exception as exc:  # one failing size must not cost the others' numbers
             row = {"seq": seq, "error": f"{type(exc).__name__}: {exc}"}
             torch.cuda.empty_cache()

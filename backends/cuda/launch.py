@@ -6,17 +6,12 @@ arch-independent pointwise schedules (seed 000) and are not tuned here.
 
 from __future__ import annotations
 
-import torch
-
 from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_rmsnorm
 
-
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
-    return triton_rmsnorm.rmsnorm(x, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+rmsnorm = triton_rmsnorm.rmsnorm_with(triton_rmsnorm.CUDA_NUMERICS)
 
 
-def rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> torch.Tensor:
-    return triton_rmsnorm.rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+rmsnorm_modulate = triton_rmsnorm.rmsnorm_modulate_with(triton_rmsnorm.CUDA_NUMERICS)
 
 
 def supports_rmsnorm(x, weight, eps, flavour) -> str | None:

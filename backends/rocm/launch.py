@@ -14,12 +14,10 @@ from xbackend.kernels import triton_gated_residual, triton_rmsnorm
 _NUMERICS = triton_rmsnorm.ROCM_NUMERICS
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
-    return triton_rmsnorm.rmsnorm(x, weight, eps, flavour, numerics=_NUMERICS)
+rmsnorm = triton_rmsnorm.rmsnorm_with(_NUMERICS)
 
 
-def rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> torch.Tensor:
-    return triton_rmsnorm.rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=_NUMERICS)
+rmsnorm_modulate = triton_rmsnorm.rmsnorm_modulate_with(_NUMERICS)
 
 
 def supports_rmsnorm(x, weight, eps, flavour) -> str | None:

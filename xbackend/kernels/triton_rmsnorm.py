@@ -825,7 +825,8 @@ def _launch(
     rsqrt: int | None = None,
 ) -> torch.Tensor:
     # The launch plan depends on metadata only; the pointer alignments aten checks are re-read per call.
-    key = (_meta(x), _meta(weight), _meta(scale), _meta(shift), eps, flavour, num, rows_per_program, num_warps,
+    key = (x.shape, x.stride(), x.dtype, x.device, weight is None or _meta(weight), scale is None or _meta(scale),
+           shift is None or _meta(shift), eps, flavour, num, rows_per_program, num_warps,
            arrangement, stream, exact, rsqrt, stat is None)
     lp = _LAUNCHES.get(key)
     if lp is None:
@@ -941,6 +942,25 @@ def rmsnorm_modulate(
     return _launch_exact(
         x, weight, scale, shift, eps, flavour, numerics or default_numerics(x), rows_per_program, num_warps, None
     )
+
+
+def rmsnorm_with(numerics: Numerics):
+    """``rmsnorm`` for one fixed ``numerics`` and default launch config, without the keyword layers
+    (a backend's registered impl: every frame is host time on the small shapes)."""
+
+    def rmsnorm_fixed(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+        return _launch(x, weight, None, None, eps, flavour, numerics, None, None, None, None, False, True)
+
+    return rmsnorm_fixed
+
+
+def rmsnorm_modulate_with(numerics: Numerics):
+    """``rmsnorm_modulate`` for one fixed ``numerics`` (see ``rmsnorm_with``)."""
+
+    def rmsnorm_modulate_fixed(x, scale, shift, weight, eps, flavour) -> torch.Tensor:
+        return _launch(x, weight, scale, shift, eps, flavour, numerics, None, None, None, None, False, True)
+
+    return rmsnorm_modulate_fixed
 
 
 def rmsnorm_stats(
