@@ -15,6 +15,7 @@ def test_info_on_cpu(capsys) -> None:
     assert "Devices:" in out and "Plugins:" in out
     assert "cuda " in out and "rocm " in out
     assert "rmsnorm_modulate on cpu" in out and "chosen" in out
+    assert "\nDispatch: C++ keys (" in out or "\nDispatch: Python keys (" in out
 
 
 def test_plan_json_for_a_simulated_fleet(capsys) -> None:

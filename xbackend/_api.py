@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from . import _fastkey
 from . import _runtime as _rt
 from ._device import Device
 from ._opspec import OpSpec
@@ -43,6 +44,7 @@ class Op:
         rt = _rt._current or runtime()
         # The cache-hit path of Runtime.dispatch, inlined: it is most of this op's host cost (issue 2
         # bounds the whole call at 2 µs over the kernel). Anything else goes through dispatch.
+        # self._key is the C++ or the Python key, whichever _fastkey fixed for this process.
         cache = rt._caches.get(_POLICY.get())
         if cache is not None:
             try:
@@ -95,6 +97,16 @@ def _host_ops() -> dict[str, HostOp]:
 
 
 _OPS: dict[str, Op | HostOp] = {name: Op(spec) for name, spec in OPS.items()} | _host_ops()
+
+
+def _use_keys(keys: dict[str, Any]) -> None:
+    # The one place Op._key changes: when _fastkey fixes the key form (C++ or Python) for the process.
+    for op in _OPS.values():
+        if isinstance(op, Op):
+            op._key = keys[op.spec.name]
+
+
+_fastkey.subscribe(_use_keys)
 
 
 def get_op(name: str) -> Any:

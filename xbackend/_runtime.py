@@ -1,8 +1,9 @@
 """The runtime: plugins, registry, per-key dispatch cache, the first-use guard, and reports.
 
-Hot path (``dispatch``): build the runtime key from shapes/strides/dtypes/devices, one dict lookup,
-call the verified impl. Everything else (checks, probing, resolution, verification) happens once per
-key, under a per-key lock, so eight threads hitting the same first use see one verification.
+Hot path (``dispatch``): build the runtime key from shapes/strides/dtypes/devices (in C++ where
+``_fastkey`` decided so), one dict lookup, call the verified impl. Everything else (checks, probing,
+resolution, verification) happens once per key, under a per-key lock, so eight threads hitting the
+same first use see one verification.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import pluggy
 import torch
 
-from . import hookspecs
+from . import _fastkey, hookspecs
 from ._device import Device, probe, simulated
 from ._opspec import OpSpec, describe_args
 from ._policy import _POLICY, Policy
@@ -213,9 +214,11 @@ class Runtime:
         policy = _POLICY.get()
         cache = self._caches.get(policy)
         if cache is None:
+            _fastkey.decide()  # the key form is fixed before the first cache exists (once per process)
             cache = self._caches.setdefault(policy, {})
         try:
-            key = spec.key(*args)  # starts with the op's name, so one cache serves every op
+            # Starts with the op's name, so one cache serves every op. The same function as Op._key.
+            key = _fastkey.KEYS.get(spec.name, spec.key)(*args)
         except Exception:
             spec.check(*args)  # a non-tensor where a tensor belongs: raise the op's clear error
             raise

@@ -1,4 +1,4 @@
-"""``xbackend info | plan | bench`` — what this machine (or a simulated one) will run, and how fast."""
+"""``xbackend info | plan | build | bench`` — what this machine (or a simulated one) will run, and how fast."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     for lines in rt.pm.hook.xbackend_report_header(runtime=rt):
         for line in lines or ():
             print(f"  {line}")
+    from . import _fastkey
+
+    print(f"\nDispatch: {_fastkey.decide()}")
     for d in _devices():
         print(f"\nPlan on {d} (representative bf16 inputs):")
         for op in kernel_ops():
@@ -55,6 +58,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps([p.to_dict() for p in plans], indent=2))
     else:
         print("\n".join(str(p) for p in plans))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from . import _fastkey
+
+    try:
+        _, seconds = _fastkey.build()
+    except Exception as e:
+        print(f"xbackend build: the C++ dispatch key extension failed to build: {e}", file=sys.stderr)
+        return 1
+    print(f"C++ dispatch keys: {_fastkey.library_path()} ({seconds:.1f} s); later processes load it "
+          f"(unless {_fastkey.ENV}=0)")
     return 0
 
 
@@ -83,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assume-available", action="store_true", help="plan as if every impl's packages were installed")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+    build = sub.add_parser("build", help="build the C++ dispatch key extension now (a GPU host builds it on first use)")
+    build.set_defaults(func=cmd_build)
     b = sub.add_parser("bench", help="benchmark ops against eager, torch.compile and copy_ (GPU)")
     b.add_argument("ops", nargs="*", help="ops to bench; default all pointwise ops")
     b.add_argument("--quick", action="store_true", help="only the shapes the bars are stated on, fewer repeats")

@@ -119,10 +119,14 @@ def bench_dispatch(calls: int = 200_000) -> str:
 
         direct = run(instant)
         via_op = run(op)
-    return (f"dispatch overhead ({calls} calls, best of 5):\n"
+    from .._fastkey import active
+
+    form = active()
+    return (f"dispatch overhead ({calls} calls, best of 5; {'C++' if form and form.form == 'c++' else 'Python'} keys):\n"
             f"  impl called directly      {direct:6.3f} µs/call\n"
             f"  get_op('gated_residual')  {via_op:6.3f} µs/call\n"
-            f"  overhead                  {via_op - direct:6.3f} µs/call")
+            f"  overhead                  {via_op - direct:6.3f} µs/call\n"
+            f"  keys: {form}")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,342 @@
+"""C++ dispatch keys (xbackend/_fastkey.py): equal iff the Python keys are equal, the hot path and the
+guard unchanged under them, and a clean fall back to Python keys when the extension is unavailable.
+
+The extension is built once per test session into the usual cache ($XBACKEND_CACHE_DIR or
+~/.cache/xbackend), so a later session only loads it; a fresh build takes ~15-20 s on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from plugin_fixtures import FaultyPlugin
+
+import xbackend
+from xbackend import _fastkey
+from xbackend.ops import OPS
+from xbackend.testing import fresh_runtime
+
+gated_residual = xbackend.get_op("gated_residual")
+rmsnorm = xbackend.get_op("rmsnorm")
+
+
+@pytest.fixture(scope="session")
+def ext() -> tuple[ModuleType, Path]:
+    problem = _fastkey.build_problem()
+    if problem is not None:
+        pytest.skip(f"the C++ dispatch key extension cannot be built here: {problem}")
+    module, _ = _fastkey.build()
+    return module, _fastkey._cache_root()
+
+
+@pytest.fixture(autouse=True)
+def _keep_key_form() -> Iterator[None]:
+    """Every test here may switch the process's key form; the rest of the suite gets it back."""
+    saved = (_fastkey.KEYS, _fastkey._state)
+    try:
+        yield
+    finally:
+        _fastkey._set(*saved)
+
+
+@pytest.fixture
+def fast(ext: tuple[ModuleType, Path]) -> dict:
+    _fastkey._install(_fastkey.KeyForm("c++", "test"), ext[0])
+    return _fastkey.KEYS
+
+
+def keyfn(module: ModuleType, mask: int = 0b111):
+    def fallback(*args):
+        raise LookupError("fallback")
+
+    return module.make("t", mask, fallback)
+
+
+def sig(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+# -- equal iff the Python keys are equal -----------------------------------------------------------
+@st.composite
+def _arg(draw):
+    """None or (sizes, strides, dtype, device) from a small space, so equal metadata is common."""
+    if draw(st.integers(0, 4)) == 0:
+        return None
+    sizes = draw(st.lists(st.integers(0, 3), min_size=0, max_size=3))
+    strides = draw(st.lists(st.integers(0, 4), min_size=len(sizes), max_size=len(sizes)))
+    return sizes, strides, draw(st.sampled_from([torch.float32, torch.bfloat16])), draw(st.sampled_from(["cpu", "meta"]))
+
+
+def make(spec):
+    if spec is None:
+        return None
+    sizes, strides, dtype, device = spec
+    return torch.empty_strided(sizes, strides, dtype=dtype, device=device)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_arg(), min_size=3, max_size=3), st.lists(_arg(), min_size=3, max_size=3), st.booleans())
+def test_keys_are_equal_iff_the_python_keys_are(ext, a, b, same) -> None:
+    k = keyfn(ext[0])
+    xs = [make(s) for s in a]
+    # Half the time the second call has the same metadata (new tensors), so equality is exercised.
+    ys = [None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in xs] \
+        if same else [make(s) for s in b]
+    fx, fy = k(*xs), k(*ys)
+    assert isinstance(fx[1], bytes) and hash(fx) is not None
+    assert (fx == fy) == ([sig(t) for t in xs] == [sig(t) for t in ys])
+
+
+def test_op_keys_agree_with_the_python_keys(fast) -> None:
+    x = torch.randn(2, 8, 64)
+    w, w2 = torch.randn(64), torch.randn(64, dtype=torch.float64)[::1].float()
+    calls = [
+        ("rmsnorm", (x, w, 1e-6, "torch")), ("rmsnorm", (x, None, 1e-6, "torch")), ("rmsnorm", (x, w2, 1e-6, "torch")),
+        ("rmsnorm", (x, w, 1e-5, "torch")), ("rmsnorm", (x, w, 1e-6, "diffusers")), ("rmsnorm", (x.bfloat16(), None, 1e-6, "torch")),
+        ("gated_residual", (x, x, x[:, :1])), ("gated_residual", (x, x, x[:, :1].contiguous())), ("gated_residual", (x, x, x)),
+        ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], None, 1e-6, "torch")), ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], w, 1e-6, "torch")),
+    ]
+    q = torch.randn(1, 6, 6, 2, 8)
+    calls += [("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), None)),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 2), (False, False), None)),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 0.5))]
+    for name, args in calls:
+        assert isinstance(fast[name](*args)[1], bytes), name
+    for n1, a1 in calls:
+        for n2, a2 in calls:
+            same_python = OPS[n1].key(*a1) == OPS[n2].key(*a2)
+            assert (fast[n1](*a1) == fast[n2](*a2)) == same_python, (n1, n2)
+
+
+@pytest.mark.parametrize("other", [
+    lambda x: x.view(4, 4, 8),  # shape (and ndim)
+    lambda x: x.reshape(1, 8, 16),  # ndim only: same numel and last dims
+    lambda x: x.t(),  # a non-contiguous view: shape and stride
+    lambda x: x[:, ::2],  # non-contiguous, same shape as a contiguous one below
+    lambda x: torch.empty_strided(x.shape, (1, 8), dtype=x.dtype),  # stride only
+    lambda x: x.double(),  # dtype
+    lambda x: x.to("meta"),  # device
+    lambda x: None,  # None vs a tensor
+])
+def test_any_difference_gives_a_different_key(ext, other) -> None:
+    k = keyfn(ext[0], mask=0b1)
+    x = torch.randn(8, 16)
+    y = other(x)
+    assert k(x) != k(y)
+    if y is not None:
+        assert k(y) == k(torch.empty_strided(y.shape, y.stride(), dtype=y.dtype, device=y.device))
+
+
+def test_a_non_contiguous_view_differs_from_its_contiguous_copy(ext) -> None:
+    k = keyfn(ext[0], mask=0b1)
+    v = torch.randn(8, 16)[:, ::2]
+    assert v.shape == v.contiguous().shape and k(v) != k(v.contiguous())
+
+
+def test_non_tensor_arguments_stay_python_objects(ext) -> None:
+    k = ext[0].make("rmsnorm", 0b11, OPS["rmsnorm"].key)
+    x = torch.randn(2, 4)
+    key = k(x, None, 1e-6, "torch")
+    assert key[0] == "rmsnorm" and key[2:] == (1e-6, "torch")
+    assert key != k(x, None, 1e-5, "torch") and key != k(x, None, 1e-6, "diffusers")
+
+
+# -- what the C++ code does not read itself goes to the Python key ----------------------------------
+class Sub(torch.Tensor):
+    pass
+
+
+class Liar(torch.Tensor):
+    """A subclass whose __torch_function__ changes what ``.shape`` says: only Python sees that."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func == torch.Tensor.shape.__get__:
+            return torch.Size([99])
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class Mode(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_subclasses_modes_and_odd_tensors_get_the_python_key(fast) -> None:
+    spec = OPS["gated_residual"]
+    fk = fast["gated_residual"]
+    x = torch.randn(2, 4)
+    for args in [(x.as_subclass(Sub), x, x), (x, x.as_subclass(Liar), x)]:
+        assert fk(*args) == spec.key(*args)
+    assert spec.key(x, x.as_subclass(Liar), x)[5] == torch.Size([99])
+    with Mode():
+        assert fk(x, x, x) == spec.key(x, x, x)
+    with torch.device("meta"):  # a torch function mode too
+        assert fk(x, x, x) == spec.key(x, x, x)
+    assert fk(x, x, x) != spec.key(x, x, x)  # and back to C++ keys after it
+    # Python reads a sparse tensor's strides as zeros; so does the C++ key (layout is in neither).
+    sparse, expanded = x.to_sparse(), torch.zeros(1, 1).expand(2, 4)
+    assert (fk(x, sparse, x) == fk(x, expanded, x)) == (spec.key(x, sparse, x) == spec.key(x, expanded, x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "nested tensors are in prototype stage"
+        nested = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)])
+    for bad in ([1, 2], 3.0, nested):
+        with pytest.raises(Exception) as fast_error:
+            fk(x, bad, x)
+        with pytest.raises(Exception) as python_error:
+            spec.key(x, bad, x)
+        assert type(fast_error.value) is type(python_error.value)
+        assert str(fast_error.value) == str(python_error.value)
+    assert fk(x=x, update=x, gate=x) == spec.key(x=x, update=x, gate=x)
+
+
+def test_parameters_take_the_cpp_path_and_key_like_tensors(fast) -> None:
+    x, w = torch.randn(2, 8), torch.randn(8)
+    p = torch.nn.Parameter(w.clone())
+    key = fast["rmsnorm"](x, p, 1e-6, "torch")
+    assert isinstance(key[1], bytes) and key == fast["rmsnorm"](x, w, 1e-6, "torch")
+
+
+# -- the hot path and the guard under C++ keys -----------------------------------------------------
+def inputs(d: int = 64, dtype: torch.dtype = torch.bfloat16):
+    g = torch.Generator().manual_seed(d)
+    x, u = (torch.randn(2, 8, d, generator=g).to(dtype) for _ in range(2))
+    return x, u, torch.randn(2, 1, d, generator=g).to(dtype)
+
+
+def test_ops_use_the_installed_key_functions(fast) -> None:
+    for name in OPS:
+        assert xbackend.get_op(name)._key is fast[name]
+
+
+def test_hot_path_and_guard_under_cpp_keys(fast) -> None:
+    with fresh_runtime([("faulty", FaultyPlugin())]) as rt, torch.inference_mode():
+        x, u, g = inputs()
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert [(e.impl, e.status) for e in rt.events] == [
+            ("faulty:wrong", "mismatch"), ("faulty:crashing", "raised"), ("faulty:exact", "verified")]
+        for _ in range(3):  # cache hits: no new events
+            assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert len(rt.events) == 3
+        (cache,) = rt._caches.values()
+        assert all(isinstance(k[1], bytes) for k in cache)
+        # A new layout of the same shape is a new key: checked and verified again.
+        xt = x.transpose(0, 1).contiguous().transpose(0, 1)
+        assert torch.equal(gated_residual(xt, u, g), xt + u * g)
+        assert len(rt.events) == 6
+        # A subclass goes through the Python key (a separate entry), with the same result.
+        xs = x.as_subclass(Sub)
+        assert torch.equal(gated_residual(xs, u, g), x + u * g)
+        assert sum(not isinstance(k[1], bytes) for k in cache) == 1
+        # Errors are the op's own, as with Python keys.
+        with pytest.raises(TypeError, match="argument 'gate' expected a torch.Tensor, got NoneType"):
+            gated_residual(x, u, None)
+        with pytest.raises(TypeError, match="argument 'gate' expected a torch.Tensor, got list"):
+            gated_residual(x, u, [1.0])
+        out = rmsnorm(x.float(), None, 1e-6, "torch")
+        assert torch.equal(out, torch.nn.functional.rms_norm(x.float(), (64,), None, 1e-6))
+
+
+def test_bench_dispatch_says_which_keys_it_timed(fast) -> None:
+    from xbackend.bench import bench_dispatch
+
+    assert "C++ keys" in bench_dispatch(2000)
+
+
+# -- the loading policy and failures ---------------------------------------------------------------
+@pytest.fixture
+def undecided(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A process state before its first dispatch, with an empty cache dir."""
+    _fastkey._set({name: spec.key for name, spec in OPS.items()}, None)
+    monkeypatch.setenv("XBACKEND_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(_fastkey.ENV, raising=False)
+    return tmp_path
+
+
+def first_dispatch() -> None:
+    with fresh_runtime(), torch.inference_mode():
+        x, u, g = inputs()
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+
+
+def test_a_failed_build_falls_back_to_python_keys_with_one_warning(undecided, monkeypatch, caplog) -> None:
+    def broken_build():
+        raise RuntimeError("Error building extension 'xbackend_fastkey'\nfastkey.cpp:1: error: simulated")
+
+    monkeypatch.setattr(_fastkey, "build", broken_build)
+    monkeypatch.setenv(_fastkey.ENV, "1")
+    with caplog.at_level(logging.WARNING, "xbackend"):
+        first_dispatch()
+        first_dispatch()
+    assert [r.getMessage() for r in caplog.records] == [
+        "xbackend: C++ dispatch keys unavailable (build failed: fastkey.cpp:1: error: simulated); using Python keys"]
+    assert _fastkey.active().form == "python" and "build failed" in _fastkey.active().reason
+    assert gated_residual._key is OPS["gated_residual"].key
+
+
+def test_a_broken_prebuilt_falls_back_without_building(undecided, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(_fastkey, "_gpu_visible", lambda: False)
+    monkeypatch.setattr(_fastkey, "build", lambda: pytest.fail("no build without a GPU or XBACKEND_FAST_KEY=1"))
+    path = _fastkey.library_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared object")
+    with caplog.at_level(logging.WARNING, "xbackend"):
+        first_dispatch()
+    assert len(caplog.records) == 1 and "failed to load" in caplog.records[0].getMessage()
+    assert _fastkey.active().form == "python"
+
+
+@pytest.mark.parametrize(("env", "gpu", "prebuilt", "form", "built"), [
+    ("0", True, True, "python", False),
+    ("1", False, False, "c++", True),
+    (None, True, False, "c++", True),  # a serving host builds on first use
+    (None, False, False, "python", False),  # a CPU host without a prebuilt one does not build
+    (None, False, True, "c++", False),  # ... but loads one that is there
+    ("auto", False, True, "c++", False),
+])
+def test_loading_policy(undecided, monkeypatch, ext, env, gpu, prebuilt, form, built) -> None:
+    calls = []
+
+    def fake_build():
+        calls.append(1)
+        return ext[0], 0.0
+
+    if prebuilt:
+        monkeypatch.setenv("XBACKEND_CACHE_DIR", str(ext[1]))
+    if env is not None:
+        monkeypatch.setenv(_fastkey.ENV, env)
+    monkeypatch.setattr(_fastkey, "_gpu_visible", lambda: gpu)
+    monkeypatch.setattr(_fastkey, "build", fake_build)
+    first_dispatch()
+    state = _fastkey.active()
+    assert (state.form, bool(calls)) == (form, built), state
+    assert isinstance(gated_residual._key(*inputs()), tuple)
+    assert (gated_residual._key is OPS["gated_residual"].key) == (form == "python")
+
+
+def test_decided_once_per_process(undecided, monkeypatch, ext) -> None:
+    monkeypatch.setenv("XBACKEND_CACHE_DIR", str(ext[1]))
+    first_dispatch()
+    state = _fastkey.active()
+    monkeypatch.setenv(_fastkey.ENV, "0")
+    first_dispatch()
+    assert _fastkey.active() is state and state.form == "c++"
+
+
+def test_import_never_compiles() -> None:
+    code = ("import sys, xbackend; from xbackend import _fastkey; "
+            "assert _fastkey.active() is None; assert 'torch.utils.cpp_extension' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, _fastkey.ENV: "1"})
+    assert out.stdout.strip() == "ok"

@@ -1,0 +1,244 @@
+"""The runtime key of an op call, built in C++ (``_fastkey.cpp``) where that extension is available.
+
+Every eager call builds a key of its inputs and looks it up in the dispatch cache (issue 2 bounds the
+whole call at 2 µs over the kernel). The Python keys (``key`` in ``xbackend/ops/*.py``) read shape,
+stride(), dtype and device of every tensor, ~0.1 µs per attribute; the C++ key reads the same four
+things of each tensor in one call and returns ``(op name, bytes, *non-tensor args)``. Two calls get
+equal C++ keys iff their Python keys are equal, so a cached key still implies that the op's
+``check()`` passed. Inputs the C++ code cannot read exactly as Python would (tensor subclasses, an
+active torch function mode, symbolic sizes, sparse/nested tensors) get the Python key, per call;
+such keys never equal a C++ one.
+
+Loading policy. The key form is decided once per process, at the first dispatch (before any cache
+entry exists, so a cache never mixes the two forms for the same inputs); ``import xbackend`` never
+compiles. ``XBACKEND_FAST_KEY`` picks a row of ``RULES``:
+
+=====================  ==================================  ================  ========================
+XBACKEND_FAST_KEY      when                                prebuilt is used  builds if none is cached
+=====================  ==================================  ================  ========================
+``0``                  always                              no                no (Python keys)
+``1``                  always                              yes               yes
+unset / ``auto``       a CUDA/ROCm GPU is visible          yes               yes (a serving host)
+unset / ``auto``       no GPU visible                      yes               no (``xbackend build``)
+=====================  ==================================  ================  ========================
+
+The extension is cached under ``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by the
+torch version, the Python ABI and a hash of the source and flags. Building takes ~15-20 s on a 2-core
+CPU (one translation unit; ``python_variable.h`` is most of it). Any build or load failure is logged
+once as a warning and the process keeps the Python keys: the caller never sees it. ``xbackend info``
+shows the form in use and why; ``xbackend build`` builds it ahead of time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import torch
+
+from .ops import OPS
+
+__all__ = ["KEYS", "RULES", "KeyForm", "active", "build", "decide", "subscribe"]
+
+log = logging.getLogger("xbackend")
+
+_SOURCE = Path(__file__).with_name("_fastkey.cpp")
+_CFLAGS = ("-O2",)
+ENV = "XBACKEND_FAST_KEY"
+
+
+class Rule(NamedTuple):
+    load_prebuilt: bool
+    build: bool
+    why: str
+
+
+# The loading policy as data: the env value (or, for auto, whether a GPU is visible) picks one row.
+RULES: dict[str, Rule] = {
+    "off": Rule(False, False, f"{ENV}=0"),
+    "force": Rule(True, True, f"{ENV}=1"),
+    "auto-gpu": Rule(True, True, "auto: a GPU is visible, so it is built on first use"),
+    "auto-cpu": Rule(True, False, "auto: no GPU visible, so only a prebuilt one is used; `xbackend build` builds it"),
+}
+_ENV_VALUES = {"0": "off", "1": "force", "": "auto", "auto": "auto"}
+
+
+@dataclass(frozen=True)
+class KeyForm:
+    form: str  # "c++" or "python"
+    reason: str
+    path: str | None = None  # the extension's file, when loaded
+
+    def __str__(self) -> str:
+        return f"{'C++' if self.form == 'c++' else 'Python'} keys ({self.reason})"
+
+
+# op name -> the key function dispatch uses. Python keys until decide() runs; replaced as a whole.
+KEYS: dict[str, Callable[..., Any]] = {name: spec.key for name, spec in OPS.items()}
+_state: KeyForm | None = None
+_lock = threading.Lock()
+_listeners: list[Callable[[dict[str, Callable[..., Any]]], None]] = []
+
+
+def subscribe(listener: Callable[[dict[str, Callable[..., Any]]], None]) -> None:
+    """Call ``listener(KEYS)`` now and whenever the key form changes (``Op`` keeps its own
+    reference to its key function, so the hot path does no lookup)."""
+    _listeners.append(listener)
+    listener(KEYS)
+
+
+def active() -> KeyForm | None:
+    """The key form in use, or None before the first dispatch decided it."""
+    return _state
+
+
+def decide() -> KeyForm:
+    """Fix this process's key form (once; later calls return it). Never raises."""
+    if _state is not None:
+        return _state
+    with _lock:
+        if _state is None:
+            try:
+                _install(*_choose())
+            except Exception as e:  # e.g. the source file missing from an install: dispatch must not break
+                form = KeyForm("python", f"C++ keys unavailable: {type(e).__name__}: {e}")
+                log.warning("xbackend: %s; using Python keys", form.reason)
+                _install(form, None)
+    return _state  # type: ignore[return-value]
+
+
+def _choose() -> tuple[KeyForm, ModuleType | None]:
+    value = os.environ.get(ENV, "").strip().lower()
+    mode = _ENV_VALUES.get(value)
+    if mode is None:
+        log.warning("xbackend: %s=%r is not one of 0, 1, auto; using auto", ENV, value)
+        mode = "auto"
+    if mode == "auto":
+        mode = "auto-gpu" if _gpu_visible() else "auto-cpu"
+    rule = RULES[mode]
+    if not rule.load_prebuilt and not rule.build:
+        return KeyForm("python", rule.why), None
+    path = library_path()
+    if path.exists():
+        try:
+            return KeyForm("c++", f"prebuilt {path.name}; {rule.why}", str(path)), _import(path)
+        except Exception as e:
+            if not rule.build:
+                return _failed(f"prebuilt {path} failed to load: {type(e).__name__}: {e}", rule)
+    if not rule.build:
+        return KeyForm("python", f"no prebuilt extension; {rule.why}"), None
+    try:
+        module, seconds = build()
+    except Exception as e:
+        return _failed(_first_line(e), rule)
+    return KeyForm("c++", f"built in {seconds:.1f} s; {rule.why}", str(library_path())), module
+
+
+def _failed(problem: str, rule: Rule) -> tuple[KeyForm, None]:
+    log.warning("xbackend: C++ dispatch keys unavailable (%s); using Python keys", problem)
+    return KeyForm("python", f"{problem}; {rule.why}"), None
+
+
+def _install(form: KeyForm, module: ModuleType | None) -> None:
+    """Switch the process to ``form``: dispatch and every Op use the new key functions. Only safe
+    before any cache entry exists (decide()) or with fresh runtimes (tests)."""
+    keys = {name: spec.key for name, spec in OPS.items()}
+    if module is not None:
+        keys = {name: module.make(name, _mask(spec.tensor_args), spec.key) for name, spec in OPS.items()}
+    _set(keys, form)
+
+
+def _set(keys: dict[str, Callable[..., Any]], state: KeyForm | None) -> None:
+    global KEYS, _state
+    KEYS, _state = keys, state
+    for listener in _listeners:
+        listener(keys)
+
+
+def _mask(positions: tuple[int, ...]) -> int:
+    return sum(1 << i for i in positions)
+
+
+def _gpu_visible() -> bool:
+    try:
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+# -- the extension: where it lives, loading and building ---------------------------------------------
+def _cache_root() -> Path:
+    root = os.environ.get("XBACKEND_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "xbackend"
+
+
+def _name() -> str:
+    digest = hashlib.sha256(_SOURCE.read_bytes() + repr(_CFLAGS).encode()).hexdigest()[:12]
+    return f"xbackend_fastkey_{digest}"
+
+
+def _build_dir() -> Path:
+    tag = f"torch{torch.__version__}_{sys.implementation.cache_tag}".replace("+", "_").replace(".", "_")
+    return _cache_root() / "torch_extensions" / tag / _name()
+
+
+def library_path() -> Path:
+    """Where the built extension is (or would be) for this torch, Python and source."""
+    return _build_dir() / f"{_name()}{'.pyd' if sys.platform == 'win32' else '.so'}"
+
+
+def _import(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_problem() -> str | None:
+    """Why building cannot work here (no compiler, no ninja), or None."""
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx!r} not found; set CXX)"
+    if shutil.which("ninja") is None:
+        from torch.utils.cpp_extension import is_ninja_available
+
+        if not is_ninja_available():
+            return "ninja not found (torch.utils.cpp_extension needs it)"
+    return None
+
+
+def build() -> tuple[ModuleType, float]:
+    """Build (or reuse) the extension and import it: (module, seconds). Raises on failure."""
+    problem = build_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
+    from torch.utils.cpp_extension import load
+
+    build_dir = _build_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    log.info("xbackend: building the C++ dispatch key extension in %s", build_dir)
+    module = load(name=_name(), sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS),
+                  build_directory=str(build_dir), verbose=False)
+    return module, time.perf_counter() - t0
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in (str(exc) or type(exc).__name__).splitlines() if ln.strip()]
+    for line in lines[1:]:
+        if " error" in line.lower() or line.lower().startswith("error"):
+            return f"build failed: {line[:300]}"
+    return f"build failed: {lines[0][:300]}" if lines else "build failed"
