@@ -53,6 +53,9 @@ IMPLS: list[Impl] = [
     Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual_triton",
          supports=f"{_K}.triton_gated_residual:supports", priority=100, devices=POINTWISE, available=triton_available,
          description="Triton, row-tiled, fp fusion off (bit-exact)"),
+    Impl(op="rotary_embedding", name="triton", fn=f"{_K}.triton_rotary:rotary_embedding",
+         supports=f"{_K}.triton_rotary:supports", priority=100, devices=POINTWISE, available=triton_available,
+         description="Triton interleaved RoPE: one pass, eager's fp32 roundings (bit-exact)"),
     # Hopper-tuned fused kernel; seed 000 keeps FNA on SM90 only (its schedule regressed on SM103).
     Impl(op="neighborhood_attention", name="na_triton", fn=f"{_K}.na_triton:neighborhood_attention",
          supports=f"{_K}.na_triton:supports", priority=100, devices="sm90", dtypes=HALF, precision=NA_TOLERANCE,

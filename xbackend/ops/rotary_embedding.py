@@ -1,0 +1,130 @@
+"""rotary_embedding(x, cos, sin, layout="interleaved") — RoPE as LTX-2 applies it to queries and keys.
+
+``layout="interleaved"`` (LTX-2.0): channel pairs ``(2i, 2i+1)`` rotate together; diffusers'
+``apply_interleaved_rotary_emb``: ``(x.float() * cos + rotate(x).float() * sin).to(x.dtype)`` with
+``rotate(x)[2i] = -x[2i+1]``, ``rotate(x)[2i+1] = x[2i]``; cos and sin broadcast to x. Every product and
+the sum are rounded in fp32, the result once to x's dtype.
+
+``layout="split"`` (LTX-2.3): the first and second halves of each head's channels rotate together;
+diffusers' ``apply_split_rotary_emb``, cos and sin ``[..., D/2]`` per head (or ``[B, H, T, D/2]`` against
+a ``[B, T, H*D]`` x).
+
+cos and sin may have any float dtype (LTX-2 keeps them in fp32 while x is bf16); the output has x's
+dtype and shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _checks as chk
+from .._opspec import OpSpec, register_reference_autograd
+
+NAME = "rotary_embedding"
+LAYOUTS = ("interleaved", "split")
+
+
+# -- signature and checks ------------------------------------------------------------------------
+def bind(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> tuple[Any, ...]:
+    return (x, cos, sin, layout)
+
+
+def check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> None:
+    chk.tensor(NAME, "x", x)
+    chk.choice(NAME, "layout", layout, LAYOUTS)
+    if x.shape[-1] % 2:
+        raise chk.fail(NAME, "x", "an even last dim (channels rotate in pairs)", chk.shape_str(x))
+    chk.tensor(NAME, "cos", cos)
+    chk.tensor(NAME, "sin", sin)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.device != x.device:
+            raise chk.fail(NAME, name, f"device {x.device} (same as 'x')", t.device)
+    if sin.shape != cos.shape:
+        raise chk.fail(NAME, "sin", f"the shape of 'cos' [{', '.join(map(str, cos.shape))}]", chk.shape_str(sin))
+    if layout == "interleaved":
+        chk.broadcasts_to(NAME, "cos", cos, x.shape, "x")
+        return
+    half = x.shape[-1] // 2
+    if x.dim() != 4 and cos.dim() == 4:
+        b, h, t, r = cos.shape
+        if tuple(x.shape) != (b, t, h * 2 * r):
+            raise chk.fail(NAME, "x", f"shape [{b}, {t}, {h * 2 * r}] for a [B, H, T, D/2] cos", chk.shape_str(x))
+        return
+    chk.broadcasts_to(NAME, "cos", cos, (*x.shape[:-1], half), "x's leading dims and D/2")
+
+
+# -- reference -----------------------------------------------------------------------------------
+def _interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x_real, x_imag = x.unflatten(-1, (-1, 2)).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(-2)
+    return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+def _split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x_dtype = x.dtype
+    needs_reshape = x.dim() != 4 and cos.dim() == 4
+    if needs_reshape:
+        b, h, t, _ = cos.shape
+        x = x.reshape(b, t, h, -1).swapaxes(1, 2)
+    last = x.shape[-1]
+    r = last // 2
+    split_x = x.reshape(*x.shape[:-1], 2, r).float()
+    first_x, second_x = split_x[..., :1, :], split_x[..., 1:, :]
+    cos_u, sin_u = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    out = split_x * cos_u
+    out[..., :1, :].addcmul_(-sin_u, second_x)
+    out[..., 1:, :].addcmul_(sin_u, first_x)
+    out = out.reshape(*out.shape[:-2], last)
+    if needs_reshape:
+        out = out.swapaxes(1, 2).reshape(b, t, -1)
+    return out.to(dtype=x_dtype)
+
+
+def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """diffusers 0.42.1's ``apply_interleaved_rotary_emb`` / ``apply_split_rotary_emb``, over the last dim."""
+    return _interleaved(x, cos, sin) if layout == "interleaved" else _split(x, cos, sin)
+
+
+# -- key and planning example --------------------------------------------------------------------
+def key(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[Any, ...]:
+    # Flat, no helper calls: this runs on every call (the C++ key replaces it where built).
+    return (NAME, x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, cos.device,
+            sin.shape, sin.stride(), sin.dtype, sin.device, layout)
+
+
+def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    x = torch.empty(1, 32640, 4096, dtype=dtype, device=device)
+    freqs = torch.empty(1, 32640, 4096, dtype=torch.float32, device=device)
+    return (x, freqs, freqs, "interleaved")
+
+
+# -- custom op -----------------------------------------------------------------------------------
+@torch.library.custom_op("xbackend::rotary_embedding", mutates_args=())
+def rotary_embedding_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    from .._runtime import dispatch
+
+    return dispatch(SPEC, (x, cos, sin, layout))
+
+
+@rotary_embedding_op.register_fake
+def _fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    check(x, cos, sin, layout)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+register_reference_autograd(rotary_embedding_op, reference, (0, 1, 2))
+
+SPEC = OpSpec(
+    name=NAME,
+    bind=bind,
+    check=check,
+    reference=reference,
+    key=key,
+    example=example,
+    custom_op=rotary_embedding_op,
+    positional_arity=4,
+    tensor_args=(0, 1, 2),
+    signature='rotary_embedding(x, cos, sin, layout="interleaved")',
+)
