@@ -97,9 +97,10 @@ def paths_of(model: nn.Module, *classes: type) -> list[str]:
 @pytest.fixture
 def op_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the patched code called each fused op (so a test knows the fused path ran)."""
-    calls = {"rmsnorm": 0, "rmsnorm_modulate": 0, "gated_residual": 0}
+    calls = {"rmsnorm": 0, "rmsnorm_modulate": 0, "gated_residual": 0, "rotary_embedding": 0}
+    attrs = {"rotary_embedding": "_ROTARY"}
     for name in calls:
-        attr = f"_{name.upper()}"
+        attr = attrs.get(name, f"_{name.upper()}")
         op = getattr(_common, attr)
 
         def spy(*args: Any, _op: Any = op, _name: str = name) -> torch.Tensor:
@@ -125,6 +126,9 @@ def test_transformer_patched_is_bit_identical(variant: str, dtype: torch.dtype, 
     layers = TRANSFORMER_CONFIG["num_layers"]
     assert op_calls["rmsnorm_modulate"] == layers * (8 + adaln)
     assert op_calls["gated_residual"] == layers * (6 + adaln)
+    # Interleaved RoPE of query and key in attn1, audio_attn1, a2v and v2a attention; LTX-2.5's
+    # perturbed-attention processor is not the one the RoPE patch transcribes (left alone, reported).
+    assert op_calls["rotary_embedding"] == (0 if variant == "ltx2.5" else layers * 8)
     assert_equal(run(model, isolated), expected_isolated)
 
 
@@ -146,7 +150,9 @@ def test_transformer_report_lists_every_site(variant: str) -> None:
     flavours = {s.path: s.detail.split()[0] for s in report.sites if s.kind == "rmsnorm"}
     assert flavours["transformer_blocks.0.norm1"] == "flavour=diffusers"
     assert flavours["transformer_blocks.0.attn1.norm_q"] == "flavour=torch"
-    assert set(by_kind) == {"rmsnorm", "rmsnorm_modulate", "gated_residual"}
+    attentions = ["attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn"]
+    assert sorted(by_kind["rotary_embedding"]) == sorted(f"{b}.{a}" for b in blocks for a in attentions)
+    assert set(by_kind) == {"rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding"}
     assert all(s.new for s in report.sites) and not report.skipped
     assert "rmsnorm_modulate" in str(report) and "transformer_blocks.1.ff" in report.table()
     # norm_out is a LayerNorm followed by `* (1 + scale) + shift`: not an RMSNorm site, left alone.

@@ -7,6 +7,8 @@
 - ``LTX2VideoTransformerBlock`` and the DiffVAE's ``LTX2VideoVaeDiffusionNABlock`` get a forward that
   computes what diffusers 0.42.1 computes, with ``norm(x) * (1 + scale) + shift`` as
   ``rmsnorm_modulate`` and ``x + out * gate`` as ``gated_residual`` (``xbackend/patching/ltx2.py``).
+- ``LTX2Attention`` layers with interleaved RoPE get a processor that applies it with
+  ``get_op("rotary_embedding")`` (otherwise diffusers' ``LTX2AudioVideoAttnProcessor``, transcribed).
 - The DiffVAE's neighborhood attention runs ``get_op("neighborhood_attention")`` in place of diffusers'
   flex/NATTEN processor, and its ``tiled_decode`` runs ``vae_tile_decode`` (over the default process
   group when torch.distributed is initialised).
@@ -117,6 +119,8 @@ def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, decode_group:
             ltx2.patch_transformer_block(module, path, found, chosen)
         elif role == "diffusion_block":
             ltx2.patch_diffusion_block(module, path, found, chosen)
+        elif role == "transformer_attention":
+            ltx2.patch_rope_processor(module, path, found, chosen)
         elif role == "na_attention":
             ltx2.patch_na_processor(module, path, found, chosen)
         elif role == "diffvae":
@@ -138,4 +142,6 @@ def unpatch(model: nn.Module) -> PatchReport:
                 tag.report(path, found, new=False)
         if roles.get(type(module)) == "na_attention":
             ltx2.unpatch_na_processor(module, path, found)
+        elif roles.get(type(module)) == "transformer_attention":
+            ltx2.unpatch_rope_processor(module, path, found)
     return PatchReport(tuple(found.sites), (), action="unpatch")

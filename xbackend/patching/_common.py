@@ -22,11 +22,12 @@ from torch import nn
 from .._api import get_op
 
 # The kinds of site a patch can route through xbackend.
-KINDS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "neighborhood_attention", "tiled_decode")
+KINDS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "neighborhood_attention", "tiled_decode")
 
 _RMSNORM = get_op("rmsnorm")
 _RMSNORM_MODULATE = get_op("rmsnorm_modulate")
 _GATED_RESIDUAL = get_op("gated_residual")
+_ROTARY = get_op("rotary_embedding")
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 _MARK = "_xbackend_patch"
 
@@ -186,7 +187,24 @@ def can_gate(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> bool:
     )
 
 
-# -- the two fused expressions -------------------------------------------------------------------
+def can_rope(x: torch.Tensor, cos: object, sin: object) -> bool:
+    """diffusers' interleaved RoPE is the op for these inputs (it unflattens dim 2: x is [B, S, C])."""
+    return (
+        x.dtype in _FLOAT
+        and x.dim() == 3
+        and x.shape[-1] % 2 == 0
+        and isinstance(cos, torch.Tensor)
+        and isinstance(sin, torch.Tensor)
+        and cos.dtype in _FLOAT
+        and sin.dtype in _FLOAT
+        and cos.shape == sin.shape
+        and cos.device == x.device
+        and sin.device == x.device
+        and _broadcasts(cos, x.shape)
+    )
+
+
+# -- the fused expressions -----------------------------------------------------------------------
 def norm_modulate(
     norm: nn.Module, flavour: str | None, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor
 ) -> torch.Tensor:
@@ -207,6 +225,14 @@ def gated(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Te
     if can_gate(x, update, gate):
         return _GATED_RESIDUAL(x, update, gate)
     return x + update * gate
+
+
+def rope_interleaved(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any]) -> torch.Tensor:
+    """diffusers' ``apply_interleaved_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``."""
+    cos, sin = freqs
+    if can_rope(x, cos, sin):
+        return _ROTARY(x, cos, sin, "interleaved")
+    return original(x, freqs)
 
 
 # -- RMSNorm modules -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Mirrors, operation for operation, these diffusers 0.42.1 files:
 
-- ``diffusers/models/transformers/transformer_ltx2.py``: ``LTX2VideoTransformerBlock.forward``.
+- ``diffusers/models/transformers/transformer_ltx2.py``: ``LTX2VideoTransformerBlock.forward`` and
+  ``LTX2AudioVideoAttnProcessor.__call__`` (interleaved RoPE through ``rotary_embedding``).
 - ``diffusers/models/autoencoders/ltx2_diffusion_decoder.py``: ``LTX2VideoVaeDiffusionNABlock.forward``,
   the neighborhood-attention processors of ``LTX2VideoVaeNeighborhoodAttention``, and
   ``LTX2VideoDiffusionDecoderModel.tiled_decode`` (through ``xbackend.adapters.diffusers_ltx2``).
@@ -39,6 +40,7 @@ from ._common import (
     norm_modulate,
     own_override,
     rmsnorm_flavour,
+    rope_interleaved,
     same_parameters,
 )
 
@@ -431,6 +433,110 @@ def unpatch_na_processor(attn: nn.Module, path: str, found: Findings) -> None:
         found.add("neighborhood_attention", path, f"restored {type(processor.original).__name__}")
 
 
+# -- LTX2Attention: RoPE of queries and keys -----------------------------------------------------------
+class XbackendLTX2AttnProcessor:
+    """Stands in for diffusers' ``LTX2AudioVideoAttnProcessor`` on one ``LTX2Attention``: the same
+    computation, with the interleaved RoPE of the query and key as ``get_op("rotary_embedding")`` (one
+    pass instead of eight eager kernels, bit-identical). Split RoPE (LTX-2.3) runs as diffusers writes
+    it. Keeps the processor it replaced for `unpatch`."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, original: Any):
+        self.original = original
+        self._attention_backend = getattr(original, "_attention_backend", None)
+        self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def __call__(
+        self,
+        attn: nn.Module,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        query_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb, apply_split_rotary_emb
+
+        batch_size, sequence_length, _ = (
+            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+        )
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        if attn.to_gate_logits is not None:
+            gate_logits = attn.to_gate_logits(hidden_states)
+
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
+        query = attn.norm_q(query)
+        key = attn.norm_k(key)
+
+        if query_rotary_emb is not None:
+            key_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
+            if attn.rope_type == "interleaved":
+                query = rope_interleaved(query, query_rotary_emb, apply_interleaved_rotary_emb)
+                key = rope_interleaved(key, key_emb, apply_interleaved_rotary_emb)
+            elif attn.rope_type == "split":
+                query = apply_split_rotary_emb(query, query_rotary_emb)
+                key = apply_split_rotary_emb(key, key_emb)
+
+        query = query.unflatten(2, (attn.heads, -1))
+        key = key.unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+        hidden_states = dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )  # fmt: skip
+        hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = hidden_states.to(query.dtype)
+        if attn.to_gate_logits is not None:
+            hidden_states = hidden_states.unflatten(2, (attn.heads, -1))
+            gates = 2.0 * torch.sigmoid(gate_logits)
+            hidden_states = hidden_states * gates.unsqueeze(-1)
+            hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        return hidden_states
+
+
+def patch_rope_processor(attn: nn.Module, path: str, found: Findings, kinds: frozenset[str]) -> None:
+    processor = attn.processor
+    detail = f"rope_type={attn.rope_type} heads={attn.heads}"
+    if isinstance(processor, XbackendLTX2AttnProcessor):
+        found.add("rotary_embedding", path, f"{detail}; was {type(processor.original).__name__}", new=False)
+        return
+    if "rotary_embedding" not in kinds:
+        return
+    from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
+
+    if (problem := diffusers_mismatch()) is not None:
+        found.skip("rotary_embedding", path, problem)
+    elif type(processor) is not LTX2AudioVideoAttnProcessor:
+        found.skip("rotary_embedding", path, f"processor {type(processor).__name__} is not LTX2AudioVideoAttnProcessor")
+    elif not same_parameters(XbackendLTX2AttnProcessor.__call__, LTX2AudioVideoAttnProcessor.__call__):
+        found.skip("rotary_embedding", path, f"LTX2AudioVideoAttnProcessor differs from diffusers {DIFFUSERS_VERSION}'s")
+    elif getattr(processor, "_parallel_config", None) is not None:
+        found.skip("rotary_embedding", path, "context-parallel attention is configured on the processor")
+    elif attn.rope_type != "interleaved":
+        found.skip("rotary_embedding", path, f"rope_type={attn.rope_type!r}: only interleaved RoPE is routed")
+    else:
+        attn.set_processor(XbackendLTX2AttnProcessor(processor))
+        found.add("rotary_embedding", path, f"{detail}; was {type(processor).__name__}")
+
+
+def unpatch_rope_processor(attn: nn.Module, path: str, found: Findings) -> None:
+    processor = attn.processor
+    if isinstance(processor, XbackendLTX2AttnProcessor):
+        attn.set_processor(processor.original)
+        found.add("rotary_embedding", path, f"restored {type(processor.original).__name__}")
+
+
 # -- LTX2VideoDiffusionDecoderModel.tiled_decode ---------------------------------------------------------
 def tiled_decode_forward(group: Any) -> Callable[..., Any]:
     def tiled_decode(
@@ -474,11 +580,12 @@ def classes() -> dict[str, type]:
             LTX2VideoVaeDiffusionNABlock,
             LTX2VideoVaeNeighborhoodAttention,
         )
-        from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
+        from diffusers.models.transformers.transformer_ltx2 import LTX2Attention, LTX2VideoTransformerBlock
     except ImportError:
         return {}
     return {
         "transformer_block": LTX2VideoTransformerBlock,
+        "transformer_attention": LTX2Attention,
         "diffusion_block": LTX2VideoVaeDiffusionNABlock,
         "na_attention": LTX2VideoVaeNeighborhoodAttention,
         "diffvae": LTX2VideoDiffusionDecoderModel,
