@@ -52,6 +52,16 @@ def _gated(name: str, rows: int, d: int, gate: str, small: bool = False, bar: bo
                 bytes_moved=(3 * rows * d + math.prod(gate_shape)) * _E, small=small, bar=bar or small)
 
 
+def _rope(rows: int, d: int, bar: bool = False) -> Case:
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        angle = torch.rand((1, rows, d), generator=g, device=dev) * 6.3
+        return (_rand((1, rows, d), dev, g), angle.cos(), angle.sin(), "interleaved")
+
+    # x and out in bf16, cos and sin in fp32 (as LTX-2 keeps them)
+    return Case("rotary_embedding", f"rope interleaved [1,{rows},{d}] fp32 freqs", make,
+                bytes_moved=rows * d * (2 * _E + 2 * 4), bar=bar)
+
+
 def _na(name: str, spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...]) -> Case:
     tokens = math.prod(spatial)
     return Case("neighborhood_attention", f"{name} {'x'.join(map(str, spatial))} h{heads} d{dim} w{'x'.join(map(str, window))}",
@@ -80,6 +90,8 @@ CASES: dict[str, list[Case]] = {
         _gated("ltx2", 126, 2048, "full", small=True),
         _gated("ltx2", 8160, 4096, "token"),
     ],
+    # LTX-2 queries/keys: video self-attention, and the audio stream's.
+    "rotary_embedding": [_rope(32640, 4096, True), _rope(8160, 4096), _rope(126, 2048)],
     "neighborhood_attention": [
         _na("video-dit", (30, 48, 80), 24, 128, (18, 24, 24)),
         _na("diffvae-s5", (40, 96, 96), 4, 64, (11, 11, 11)),
