@@ -178,6 +178,8 @@ def check_seq(
     compiled = [torch.compile(b) for b in blocks]
     outs, row["compile_warmup_s"] = first_call(compiled, kwargs)
     row["compile_ms"] = bench_ms(compiled, kwargs)
+    if prof_out is not None:
+        row["compile_profile"] = profile(compiled, kwargs, f"compile seq {seq}", prof_out)
     row["compile"] = compare(outs, ref)
 
     row["patched_speedup_vs_eager"] = row["eager_ms"] / row["patched_ms"]

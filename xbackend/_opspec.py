@@ -48,7 +48,11 @@ class OpSpec:
         return args[self.tensor_args[0]].dtype
 
     def needs_grad(self, args: tuple[Any, ...]) -> bool:
-        return any(getattr(args[i], "requires_grad", False) for i in self.tensor_args)
+        # A loop, not any(<generator>): this runs on every eager call made with grad mode on.
+        for i in self.tensor_args:
+            if getattr(args[i], "requires_grad", False):
+                return True
+        return False
 
     def check_output(self, out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> str | None:
         """The guard's comparison of an impl's output with the reference on the same inputs."""
