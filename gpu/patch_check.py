@@ -10,7 +10,8 @@ runs the block stack on them:
 - patched: `xbackend.patch` (lossless tier). Its outputs must equal eager's bit for bit (torch.equal,
   every block's video and audio output).
 - compile: `torch.compile` (inductor) of each stock block; the warm-up (first call) is reported apart.
-- patched+compile (`--compile-patched`): the patched blocks compiled, xbackend ops as opaque nodes.
+- patched+compile (`--compile-patched`): the patched blocks compiled with fullgraph=True, xbackend ops as
+  opaque custom-op nodes.
 - `--graphs`: eager and patched stacks captured once as CUDA graphs and replayed (no host in the loop).
 - `--profile`: torch.profiler tables (per-kernel GPU time, GPU busy time against wall) in patch_profile.txt.
 
@@ -168,7 +169,7 @@ def check_seq(
         try_graph(row, "patched", blocks, kwargs, ref)
     if compile_patched:
         torch._dynamo.reset()
-        compiled = [torch.compile(b) for b in blocks]
+        compiled = [torch.compile(b, fullgraph=True) for b in blocks]  # xbackend ops: opaque custom ops, no break
         outs, row["patched_compile_warmup_s"] = first_call(compiled, kwargs)
         row["patched_compile_ms"] = bench_ms(compiled, kwargs)
         row["patched_compile"] = compare(outs, ref)
