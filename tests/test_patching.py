@@ -461,3 +461,13 @@ def test_patch_and_unpatch_reject_a_non_module() -> None:
         xbackend.patch("model")
     with pytest.raises(TypeError, match="xbackend.unpatch: argument 'model' expected a torch.nn.Module, got dict"):
         xbackend.unpatch({})
+
+
+def test_unpatch_keeps_an_attention_backend_chosen_after_patch() -> None:
+    model = build_transformer("ltx2.0")
+    attn = model.transformer_blocks[0].attn1
+    original = attn.processor
+    xbackend.patch(model)
+    attn.processor._attention_backend = "native"  # what set_attention_backend does to each processor
+    xbackend.unpatch(model)
+    assert attn.processor is original and original._attention_backend == "native"

@@ -55,12 +55,62 @@ def fake(monkeypatch):
 
 def test_second_launch_of_a_specialisation_skips_triton(fake):
     launch = TL.DirectLaunch(fake)
-    x = torch.zeros(64)
+    x, y = torch.zeros(64), torch.zeros(64)
     first = launch((4,), (x, 32, 0.5, 7), num_warps=4)
-    second = launch((8, 2), (torch.zeros(64), 48, 0.25, 7), num_warps=4)
+    second = launch((8, 2), (y, 48, 0.25, 7), num_warps=4)
     assert len(fake.compiled) == 1 and first is second
-    assert first.launches == [((8, 2, 1), 1234, (second.launches[0][2]))]
-    assert first.launches[0][2][1:] == (48, 0.25, 7)
+    # The cached kernel ran once, on the current stream, with y's address passed as an integer.
+    assert first.launches == [((8, 2, 1), 1234, (y.data_ptr(), 48, 0.25, 7))]
+
+
+class CudaLauncher:  # the name and fields of Triton 3.6's NVIDIA launcher
+    def __init__(self, scratch: int = 0) -> None:
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.launch_cooperative_grid = False
+        self.launch_pdl = False
+        self.raw, self.wrapped = [], []
+
+    def launch(self, *args):
+        self.raw.append(args)
+
+    def __call__(self, *args):
+        self.wrapped.append(args)
+
+
+class HIPLauncher:  # AMD's: a raw launch with another argument order, no global scratch fields
+    def __init__(self) -> None:
+        self.launch_cooperative_grid = False
+        self.profile_scratch_size = 0
+        self.raw, self.wrapped = [], []
+
+    def launch(self, *args):
+        self.raw.append(args)
+
+    def __call__(self, *args):
+        self.wrapped.append(args)
+
+
+@pytest.mark.parametrize("launcher,raw", [(CudaLauncher(), True), (CudaLauncher(scratch=64), False), (HIPLauncher(), False)],
+                         ids=["cuda", "cuda-with-scratch", "hip"])  # fmt: skip
+def test_launch_compiled_calls_the_raw_launcher_only_where_its_arguments_are_known(monkeypatch, launcher, raw):
+    monkeypatch.setattr(TL, "_driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=lambda d: 99)))
+    kernel = SimpleNamespace(run=launcher, function="fn", packed_metadata="meta")
+    TL.launch_compiled(kernel, (3, 2), 0, (11, 22))
+    if raw:
+        assert launcher.raw == [(3, 2, 1, 99, "fn", False, False, None, None, "meta", None, None, None, 11, 22)]
+        assert not launcher.wrapped
+    else:
+        assert launcher.wrapped == [(3, 2, 1, 99, "fn", "meta", None, None, None, 11, 22)]
+        assert not launcher.raw
+
+
+def test_a_tensor_on_no_gpu_goes_to_triton_without_looping(monkeypatch, fake):
+    monkeypatch.setattr(TL, "_current_device", lambda: 0)  # the CPU tensor reports -1: not the current device
+    launch = TL.DirectLaunch(fake)
+    launch((1,), (torch.zeros(64), 32, 0.5, 7))
+    launch((1,), (torch.zeros(64), 32, 0.5, 7))
+    assert len(fake.compiled) == 2  # Triton's path both times (it raises its own error on a real GPU)
 
 
 @pytest.mark.parametrize(
@@ -128,6 +178,7 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_gpu_direct_equals_triton_path(rows, offset):
     from xbackend.kernels import triton_gated_residual as G
     from xbackend.kernels import triton_rmsnorm as K
+    from xbackend.kernels import triton_rotary as R
 
     d = 2048
     base = torch.randn(rows * d + offset, device="cuda", dtype=torch.bfloat16)
@@ -140,14 +191,22 @@ def test_gpu_direct_equals_triton_path(rows, offset):
     def gated_path(direct: bool) -> None:
         G._KERNEL._direct = direct
 
+    def rotary_path(direct: bool) -> None:
+        R._KERNEL._direct = direct
+
+    cos = torch.rand(1, rows, d, device="cuda").cos()
+
     calls = [
         (rmsnorm_path, lambda: K.rmsnorm(x, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
         (rmsnorm_path, lambda: K.rmsnorm_fast(x, w, 1e-6, "torch")),
         (rmsnorm_path, lambda: K.rmsnorm_modulate(x, gate, gate, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
     ]
+    calls.append((gated_path, lambda: G.gated_residual(x, u, gate)))  # x misaligned when offset is odd
+    calls.append((rotary_path, lambda: R.rotary_embedding(x, cos, cos)))
+    calls.append((rotary_path, lambda: R.rotary_embedding(x[..., : d - 2 * offset], cos[..., : d - 2 * offset],
+                                                          cos[..., : d - 2 * offset])))  # strided rows
     if offset % 8 == 0:  # the torch flavour rejects rows aten would not vectorize
         calls.append((rmsnorm_path, lambda: K.rmsnorm(x, w, 1e-6, "torch", numerics=K.CUDA_NUMERICS)))
-        calls.append((gated_path, lambda: G.gated_residual(x.contiguous(), u, gate)))
     for set_direct, fn in calls:
         fn()  # compiles through Triton and caches the handle
         direct = fn()
@@ -157,6 +216,11 @@ def test_gpu_direct_equals_triton_path(rows, offset):
         finally:
             set_direct(True)
         assert torch.equal(direct, triton_path)
+    from xbackend.ops.rotary_embedding import reference
+
+    for cols in (d, d - 2 * offset):  # the direct path also equals diffusers' expression
+        xs, cs = x[..., :cols], cos[..., :cols]
+        assert torch.equal(R.rotary_embedding(xs, cs, cs), reference(xs, cs, cs, "interleaved"))
 
 
 def test_a_hook_added_to_tritons_chain_is_seen():

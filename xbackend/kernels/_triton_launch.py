@@ -19,7 +19,9 @@ tensors are on the current CUDA device). Two ways to key the compiled kernels:
   pointers' alignments and calls :func:`launch_compiled` itself (``triton_rmsnorm`` does).
 
 The interpreter, launch hooks (profilers such as proton install them) and argument types not listed
-above go through Triton's own path, so behaviour never differs, only the host cost.
+above go through Triton's own path. Not honoured after a kernel's first launch: Triton debug or
+instrumentation modes switched on at run time (``TRITON_DEBUG``, knobs) — reading those knobs on
+every launch costs more than the launch; set them before the process launches kernels.
 """
 
 from __future__ import annotations
@@ -79,13 +81,24 @@ def launch_compiled(kernel: Any, grid: tuple[int, ...], device: int, args: tuple
     g2 = grid[2] if len(grid) > 2 else 1
     stream = _driver.active.get_current_stream(device)
     run = kernel.run
-    launch = getattr(run, "launch", None)
-    if launch is not None and not run.global_scratch_size and not run.profile_scratch_size:
+    if _cuda_launcher_without_scratch(run):
         # CudaLauncher.__call__ without its scratch-allocation closures (none needed here).
-        launch(grid[0], g1, g2, stream, kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-               kernel.packed_metadata, None, None, None, *args)  # fmt: skip
-    else:
+        run.launch(grid[0], g1, g2, stream, kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                   kernel.packed_metadata, None, None, None, *args)  # fmt: skip
+    else:  # HIPLauncher (its raw launch takes other arguments) or a kernel that needs scratch memory
         run(grid[0], g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None, *args)
+
+
+def _cuda_launcher_without_scratch(run: Any) -> bool:
+    """Triton 3.6's CudaLauncher with no global or profile scratch: its raw ``launch`` can be called."""
+    return (
+        type(run).__name__ == "CudaLauncher"
+        and hasattr(run, "launch")
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+        and hasattr(run, "launch_pdl")
+        and hasattr(run, "launch_cooperative_grid")
+    )
 
 
 def _int_spec(v: int) -> int:
@@ -117,7 +130,7 @@ class DirectLaunch:
     def direct(self) -> bool:
         return self._direct
 
-    def __call__(self, grid: tuple[int, ...], args: tuple[Any, ...], **options: Any) -> Any:
+    def __call__(self, grid: tuple[int, ...], args: tuple[Any, ...], _switched: bool = False, **options: Any) -> Any:
         if not self._direct or hooked():
             return self._fn[grid](*args, **options)
         device = _current_device()
@@ -127,10 +140,13 @@ class DirectLaunch:
             a = args[i]
             t = type(a)
             if t is torch.Tensor or t is torch.nn.Parameter:
-                if a.get_device() != device:
+                where = a.get_device()
+                if where != device:
+                    if where < 0 or _switched:  # a CPU tensor, or tensors on two GPUs: Triton's own error
+                        return self._fn[grid](*args, **options)
                     # Triton launches on the current device; run where the data is instead.
-                    with torch.cuda.device(a.get_device()):
-                        return self(grid, args, **options)
+                    with torch.cuda.device(where):
+                        return self(grid, args, _switched=True, **options)
                 ptr = a.data_ptr()
                 spec.append(a.dtype)
                 spec.append(ptr % 16 == 0)

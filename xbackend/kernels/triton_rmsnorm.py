@@ -864,6 +864,9 @@ def _launch(
         fn[lp.grid](*ptrs, *tail, **lp.options)
         return out
     device = xr.get_device()
+    if device < 0:  # not a GPU tensor: Triton's own path gives its own error
+        fn[lp.grid](*ptrs, *tail, **lp.options)
+        return out
     if device != _triton_launch._current_device():  # Triton launches on the current device: go to the data
         with torch.cuda.device(device):
             fn[lp.grid](*ptrs, *tail, **lp.options)

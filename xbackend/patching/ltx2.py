@@ -533,6 +533,9 @@ def patch_rope_processor(attn: nn.Module, path: str, found: Findings, kinds: fro
 def unpatch_rope_processor(attn: nn.Module, path: str, found: Findings) -> None:
     processor = attn.processor
     if isinstance(processor, XbackendLTX2AttnProcessor):
+        # set_attention_backend / enable_parallelism after patch() set them on our processor.
+        processor.original._attention_backend = processor._attention_backend
+        processor.original._parallel_config = processor._parallel_config
         attn.set_processor(processor.original)
         found.add("rotary_embedding", path, f"restored {type(processor.original).__name__}")
 
