@@ -7,19 +7,21 @@ arch-independent pointwise schedules (seed 000) and are not tuned here.
 from __future__ import annotations
 
 from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_rmsnorm
+from xbackend.ops.rmsnorm import reference as rmsnorm_reference
+from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
 
-rmsnorm = triton_rmsnorm.rmsnorm_with(triton_rmsnorm.CUDA_NUMERICS)
+rmsnorm = triton_rmsnorm.rmsnorm_with(triton_rmsnorm.CUDA_NUMERICS, rmsnorm_reference)
 
 
-rmsnorm_modulate = triton_rmsnorm.rmsnorm_modulate_with(triton_rmsnorm.CUDA_NUMERICS)
+rmsnorm_modulate = triton_rmsnorm.rmsnorm_modulate_with(triton_rmsnorm.CUDA_NUMERICS, modulate_reference)
 
 
 def supports_rmsnorm(x, weight, eps, flavour) -> str | None:
-    return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+    return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, alignment=False, numerics=triton_rmsnorm.CUDA_NUMERICS)
 
 
 def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:
-    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=triton_rmsnorm.CUDA_NUMERICS)
+    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, alignment=False, numerics=triton_rmsnorm.CUDA_NUMERICS)
 
 
 # Defaults measured best on the H200: 1024/512/256-wide column blocks, 4 rows, 4 warps (gpu/gated_residual.py).

@@ -10,22 +10,24 @@ from __future__ import annotations
 import torch
 
 from xbackend.kernels import triton_gated_residual, triton_rmsnorm
+from xbackend.ops.rmsnorm import reference as rmsnorm_reference
+from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
 
 _NUMERICS = triton_rmsnorm.ROCM_NUMERICS
 
 
-rmsnorm = triton_rmsnorm.rmsnorm_with(_NUMERICS)
+rmsnorm = triton_rmsnorm.rmsnorm_with(_NUMERICS, rmsnorm_reference)
 
 
-rmsnorm_modulate = triton_rmsnorm.rmsnorm_modulate_with(_NUMERICS)
+rmsnorm_modulate = triton_rmsnorm.rmsnorm_modulate_with(_NUMERICS, modulate_reference)
 
 
 def supports_rmsnorm(x, weight, eps, flavour) -> str | None:
-    return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, numerics=_NUMERICS)
+    return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, alignment=False, numerics=_NUMERICS)
 
 
 def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:
-    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, numerics=_NUMERICS)
+    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, alignment=False, numerics=_NUMERICS)
 
 
 def gated_residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

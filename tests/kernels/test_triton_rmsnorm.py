@@ -375,6 +375,31 @@ def test_supports_reasons():
         K.rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch")
 
 
+def test_misaligned_calls_fall_back_per_call_not_per_shape():
+    """A misaligned view has the shapes of an aligned tensor: the exact kernel's launch plan (and a
+    dispatch key) cannot tell them apart, so the backend impl answers that one call with the reference
+    and keeps the kernel for the next aligned call."""
+    w = _rand(64, torch.bfloat16, seed=42)
+    base = _rand((4 * 64 + 1,), torch.bfloat16, seed=43)
+    aligned, misaligned = base[:-1].view(4, 64), base[1:].view(4, 64)
+    assert K.supports_rmsnorm(misaligned, w, EPS, "torch", alignment=False) is None
+    with pytest.raises(K.NotVectorizable):
+        K.rmsnorm(misaligned, w, EPS, "torch")
+    fallbacks = []
+
+    def reference(x, weight, eps, flavour):
+        fallbacks.append(x.data_ptr())
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    impl = K.rmsnorm_with(K.default_numerics(), reference)
+    impl(aligned, w, EPS, "torch")
+    assert fallbacks == []
+    out = impl(misaligned, w, EPS, "torch")
+    assert fallbacks == [misaligned.data_ptr()] and torch.equal(out, F.rms_norm(misaligned, (64,), w, EPS))
+    impl(aligned, w, EPS, "torch")
+    assert len(fallbacks) == 1
+
+
 # --------------------------------------------------------------------------------------------------
 # GPU: bit-exactness against eager (>= 16M elements per shape)
 # --------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -618,7 +619,15 @@ def _aten_vectorizes(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     return weight is None or not weight.is_contiguous() or weight.data_ptr() % align == 0
 
 
-def _exact_reason(x: torch.Tensor, weight: torch.Tensor | None, flavour: str, num: Numerics) -> str | None:
+class NotVectorizable(ValueError):
+    """x or the weight is not 4-element aligned, so aten runs its Welford kernel for this call and the
+    torch-flavour exact kernel (its vectorized order) does not apply. Raised per call: alignment is a
+    property of the pointer, not of the shapes a launch plan (or a dispatch key) is cached by."""
+
+
+def _exact_reason(
+    x: torch.Tensor, weight: torch.Tensor | None, flavour: str, num: Numerics, alignment: bool = True
+) -> str | None:
     reason = _check_common(x, weight, flavour)
     if reason:
         return reason
@@ -628,8 +637,8 @@ def _exact_reason(x: torch.Tensor, weight: torch.Tensor | None, flavour: str, nu
     if flavour == "torch":
         if d % _TORCH_VEC:
             return "torch exact needs D % 4 == 0 (aten runs its Welford kernel otherwise)"
-        if not _aten_vectorizes(x, weight):
-            return "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
+        if alignment and not _aten_vectorizes(x, weight):
+            return _ALIGN_REASON
         return None
     m = x.numel() // max(d, 1)
     plan = _mean_plan(max(m, 1), d, num)
@@ -637,10 +646,18 @@ def _exact_reason(x: torch.Tensor, weight: torch.Tensor | None, flavour: str, nu
 
 
 def supports_rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str, *, numerics: Numerics | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    numerics: Numerics | None = None,
+    alignment: bool = True,
 ) -> str | None:
-    """None if ``rmsnorm`` reproduces the reference bit for bit on this input, else a short reason."""
-    return _exact_reason(x, weight, flavour, numerics or default_numerics(x))
+    """None if ``rmsnorm`` reproduces the reference bit for bit on this input, else a short reason.
+    ``alignment=False`` leaves out the per-pointer alignment (for a caller that handles
+    ``NotVectorizable`` per call, as ``rmsnorm_with(..., fallback=...)`` does)."""
+    return _exact_reason(x, weight, flavour, numerics or default_numerics(x), alignment)
 
 
 def supports_rmsnorm_modulate(
@@ -652,9 +669,10 @@ def supports_rmsnorm_modulate(
     flavour: str,
     *,
     numerics: Numerics | None = None,
+    alignment: bool = True,
 ) -> str | None:
-    """None if ``rmsnorm_modulate`` is bit-exact on this input, else a short reason."""
-    reason = _exact_reason(x, weight, flavour, numerics or default_numerics(x))
+    """None if ``rmsnorm_modulate`` is bit-exact on this input, else a short reason (see ``supports_rmsnorm``)."""
+    reason = _exact_reason(x, weight, flavour, numerics or default_numerics(x), alignment)
     return reason or _check_bcast(x, scale, "scale") or _check_bcast(x, shift, "shift")
 
 
@@ -830,7 +848,7 @@ def _launch(
            arrangement, stream, exact, rsqrt, stat is None)
     lp = _LAUNCHES.get(key)
     if lp is None:
-        reason = _exact_reason(x, weight, flavour, num) if exact else supports_rmsnorm_fast(x, weight, eps, flavour)
+        reason = _exact_reason(x, weight, flavour, num, False) if exact else supports_rmsnorm_fast(x, weight, eps, flavour)
         if reason:
             raise ValueError(f"triton rmsnorm {'exact' if exact else 'fast'}: {reason}")
         lp = _plan_launch(x, weight, scale, shift, eps, flavour, num, rows_per_program, num_warps, arrangement,
@@ -838,7 +856,7 @@ def _launch(
         if len(_LAUNCHES) < _MAX_LAUNCHES:
             _LAUNCHES[key] = lp
     if lp.align and ((lp.check_x and x.data_ptr() % lp.align) or (lp.check_w and weight.data_ptr() % lp.align)):
-        raise ValueError(f"triton rmsnorm exact: {_ALIGN_REASON}")
+        raise NotVectorizable(f"triton rmsnorm exact: {_ALIGN_REASON}")
     out = torch.empty_like(x, memory_format=torch.contiguous_format)  # a third of torch.empty's host cost
     if lp.m == 0 or x.shape[-1] == 0:
         return out
@@ -947,21 +965,29 @@ def rmsnorm_modulate(
     )
 
 
-def rmsnorm_with(numerics: Numerics):
+def rmsnorm_with(numerics: Numerics, fallback: Callable[..., torch.Tensor]):
     """``rmsnorm`` for one fixed ``numerics`` and default launch config, without the keyword layers
-    (a backend's registered impl: every frame is host time on the small shapes)."""
+    (a backend's registered impl: every frame is host time on the small shapes). A call whose pointers
+    aten would not vectorize returns ``fallback(x, weight, eps, flavour)`` (the op's reference: exact by
+    definition), so one misaligned view neither fails the guard nor decides the impl for its key."""
 
     def rmsnorm_fixed(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
-        return _launch(x, weight, None, None, eps, flavour, numerics, None, None, None, None, False, True)
+        try:
+            return _launch(x, weight, None, None, eps, flavour, numerics, None, None, None, None, False, True)
+        except NotVectorizable:
+            return fallback(x, weight, eps, flavour)
 
     return rmsnorm_fixed
 
 
-def rmsnorm_modulate_with(numerics: Numerics):
+def rmsnorm_modulate_with(numerics: Numerics, fallback: Callable[..., torch.Tensor]):
     """``rmsnorm_modulate`` for one fixed ``numerics`` (see ``rmsnorm_with``)."""
 
     def rmsnorm_modulate_fixed(x, scale, shift, weight, eps, flavour) -> torch.Tensor:
-        return _launch(x, weight, scale, shift, eps, flavour, numerics, None, None, None, None, False, True)
+        try:
+            return _launch(x, weight, scale, shift, eps, flavour, numerics, None, None, None, None, False, True)
+        except NotVectorizable:
+            return fallback(x, scale, shift, weight, eps, flavour)
 
     return rmsnorm_modulate_fixed
 
