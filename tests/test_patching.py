@@ -471,3 +471,24 @@ def test_unpatch_keeps_an_attention_backend_chosen_after_patch() -> None:
     attn.processor._attention_backend = "native"  # what set_attention_backend does to each processor
     xbackend.unpatch(model)
     assert attn.processor is original and original._attention_backend == "native"
+
+
+@pytest.mark.parametrize("variant", ["ltx2.0", "ltx2.3"])  # ltx2.3: gated attention
+@pytest.mark.parametrize("masked", [False, True])
+def test_rope_processor_equals_diffusers_with_and_without_a_mask(variant: str, masked: bool) -> None:
+    model = build_transformer(variant)
+    attn = model.transformer_blocks[0].attn1  # video self-attention: 24 channels, 2 heads
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(BATCH, TOKENS, 24, generator=g)
+    angle = torch.rand(BATCH, TOKENS, 24, generator=g) * 6.3
+    freqs = (angle.cos(), angle.sin())
+    mask = None
+    if masked:  # additive, per key token, as the pipelines pass an encoder mask
+        mask = torch.zeros(BATCH, 1, TOKENS)
+        mask[:, :, TOKENS // 2 :] = -10000.0
+    expected = attn(x, None, mask, freqs, None)
+    if masked:  # the mask matters for these inputs
+        assert not torch.equal(expected, attn(x, None, None, freqs, None))
+    xbackend.patch(model, kinds=["rotary_embedding"])
+    assert type(attn.processor).__name__ == "XbackendLTX2AttnProcessor"
+    assert_equal(attn(x, None, mask, freqs, None), expected)

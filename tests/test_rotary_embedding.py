@@ -35,7 +35,7 @@ def rope64_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 @pytest.mark.skipif(not HAS_DIFFUSERS, reason="diffusers not installed")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("freq_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("freq_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_interleaved_is_diffusers_bit_for_bit(dtype: torch.dtype, freq_dtype: torch.dtype) -> None:
     from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb
 

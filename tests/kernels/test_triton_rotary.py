@@ -47,6 +47,12 @@ def test_kernel_matches_reference(shape, freq_shape, dtype: torch.dtype) -> None
     _assert_matches(out, reference(x, cos, sin, "interleaved"), exact=HAS_CUDA or dtype != torch.bfloat16)
 
 
+@pytest.mark.parametrize("freq_dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_freqs_are_upcast_like_eager(freq_dtype: torch.dtype) -> None:
+    x, cos, sin = _inputs((2, 7, 96), torch.float32, freq_dtype=freq_dtype)
+    _assert_matches(K.rotary_embedding(x, cos, sin), reference(x, cos, sin, "interleaved"), exact=True)
+
+
 def test_strided_rows_and_empty_input() -> None:
     base, cos, sin = _inputs((3, 5, 24), torch.float32)
     x = base[..., :16]  # rows 24 apart, last dim contiguous
