@@ -121,6 +121,7 @@ def test_a_tensor_on_no_gpu_goes_to_triton_without_looping(monkeypatch, fake):
         lambda a: (a[0], 1, *a[2:]),  # an int equal to 1 (Triton makes it a constexpr)
         lambda a: (a[0], 33, *a[2:]),  # not divisible by 16
         lambda a: (a[0], 2**33, *a[2:]),  # 64-bit
+        lambda a: (a[0], 2**63, *a[2:]),  # unsigned 64-bit
         lambda a: (*a[:3], 8),  # a constexpr
     ],
 )

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - older Triton: always the JIT path
     _driver = None
 
 _current_device = torch.cuda.current_device  # module attribute: tests swap it on CPU
-_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_I32_MIN, _I32_MAX, _I64_MAX = -(2**31), 2**31 - 1, 2**63 - 1
 _MAX_ENTRIES = 4096
 
 
@@ -102,9 +102,10 @@ def _cuda_launcher_without_scratch(run: Any) -> bool:
 
 
 def _int_spec(v: int) -> int:
+    """Triton 3.6's integer specialisation: 1 (a constexpr), else i32 / i64 / u64 and divisibility by 16."""
     if v == 1:
         return 1
-    return 2 | (v % 16 == 0) << 2 | (not _I32_MIN <= v <= _I32_MAX) << 3
+    return 2 | (v % 16 == 0) << 2 | (not _I32_MIN <= v <= _I32_MAX) << 3 | (v > _I64_MAX) << 4
 
 
 class DirectLaunch:

@@ -434,6 +434,20 @@ def unpatch_na_processor(attn: nn.Module, path: str, found: Findings) -> None:
 
 
 # -- LTX2Attention: RoPE of queries and keys -----------------------------------------------------------
+_LTX2_ATTENTION_FUNCTIONS: tuple[Callable[..., Any], ...] | None = None
+
+
+def _ltx2_attention_functions() -> tuple[Callable[..., Any], ...]:
+    """diffusers' attention dispatcher and LTX-2 RoPE functions, imported once (not on every call)."""
+    global _LTX2_ATTENTION_FUNCTIONS
+    if _LTX2_ATTENTION_FUNCTIONS is None:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb, apply_split_rotary_emb
+
+        _LTX2_ATTENTION_FUNCTIONS = (dispatch_attention_fn, apply_interleaved_rotary_emb, apply_split_rotary_emb)
+    return _LTX2_ATTENTION_FUNCTIONS
+
+
 class XbackendLTX2AttnProcessor:
     """Stands in for diffusers' ``LTX2AudioVideoAttnProcessor`` on one ``LTX2Attention``: the same
     computation, with the interleaved RoPE of the query and key as ``get_op("rotary_embedding")`` (one
@@ -457,9 +471,7 @@ class XbackendLTX2AttnProcessor:
         query_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
         key_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-        from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb, apply_split_rotary_emb
-
+        dispatch_attention_fn, apply_interleaved_rotary_emb, apply_split_rotary_emb = _ltx2_attention_functions()
         batch_size, sequence_length, _ = (
             hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
         )
