@@ -37,7 +37,7 @@ def ext() -> tuple[ModuleType, Path]:
     if problem is not None:
         pytest.skip(f"the C++ dispatch key extension cannot be built here: {problem}")
     module, _ = _fastkey.build()
-    return module, _fastkey._cache_root()
+    return module, _fastkey.cache_root()
 
 
 @pytest.fixture(autouse=True)

@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ._cache import cache_root
 from .ops import OPS
 
 __all__ = ["KEYS", "RULES", "KeyForm", "active", "build", "decide", "subscribe"]
@@ -178,11 +179,6 @@ def _gpu_visible() -> bool:
 
 
 # -- the extension: where it lives, loading and building ---------------------------------------------
-def _cache_root() -> Path:
-    root = os.environ.get("XBACKEND_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "xbackend"
-
-
 def _name() -> str:
     digest = hashlib.sha256(_SOURCE.read_bytes() + repr(_CFLAGS).encode()).hexdigest()[:12]
     return f"xbackend_fastkey_{digest}"
@@ -190,7 +186,7 @@ def _name() -> str:
 
 def _build_dir() -> Path:
     tag = f"torch{torch.__version__}_{sys.implementation.cache_tag}".replace("+", "_").replace(".", "_")
-    return _cache_root() / "torch_extensions" / tag / _name()
+    return cache_root() / "torch_extensions" / tag / _name()
 
 
 def library_path() -> Path:

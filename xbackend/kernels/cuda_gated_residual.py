@@ -9,7 +9,6 @@ about one eager kernel launch; the wrapper here only holds the module handle.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import threading
@@ -18,6 +17,7 @@ from types import ModuleType
 
 import torch
 
+from xbackend._cache import cache_root
 from xbackend.kernels._gated_residual_layout import analyze
 
 _CSRC = Path(__file__).parent
@@ -32,11 +32,6 @@ _module: ModuleType | None = None
 _failure: str | None = None
 _failure_detail: str | None = None  # the whole build error, for diagnostics (build_log())
 _lock = threading.Lock()
-
-
-def _cache_root() -> Path:
-    root = os.environ.get("XBACKEND_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "xbackend"
 
 
 def _device_archs() -> list[str]:
@@ -86,7 +81,7 @@ def _build() -> ModuleType:
     archs = _device_archs()
     name = "xbackend_gated_residual_sm" + "_".join(archs)
     tag = f"torch{torch.__version__}_cu{torch.version.cuda}".replace("+", "_").replace(".", "_")
-    build_dir = _cache_root() / "torch_extensions" / tag / name
+    build_dir = cache_root() / "torch_extensions" / tag / name
     build_dir.mkdir(parents=True, exist_ok=True)
     return load(
         name=name,
