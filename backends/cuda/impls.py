@@ -56,6 +56,9 @@ IMPLS: list[Impl] = [
     Impl(op="rotary_embedding", name="triton", fn=f"{_K}.triton_rotary:rotary_embedding",
          supports=f"{_K}.triton_rotary:supports", priority=100, devices=POINTWISE, available=triton_available,
          description="Triton interleaved RoPE: one pass, eager's fp32 roundings (bit-exact)"),
+    Impl(op="qk_norm_rope", name="triton", fn=f"{_L}:qk_norm_rope", supports=f"{_L}:supports_qk_norm_rope",
+         priority=100, devices=POINTWISE, available=triton_available,
+         description="Triton q/k RMSNorm + RoPE in one pass, cos/sin read once (bit-exact)"),
     # Hopper-tuned fused kernel; seed 000 keeps FNA on SM90 only (its schedule regressed on SM103).
     Impl(op="neighborhood_attention", name="na_triton", fn=f"{_K}.na_triton:neighborhood_attention",
          supports=f"{_K}.na_triton:supports", priority=100, devices="sm90", dtypes=HALF, precision=NA_TOLERANCE,

@@ -6,7 +6,8 @@ arch-independent pointwise schedules (seed 000) and are not tuned here.
 
 from __future__ import annotations
 
-from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_rmsnorm
+from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_qk_norm_rope, triton_rmsnorm
+from xbackend.ops.qk_norm_rope import reference as qk_norm_rope_reference
 from xbackend.ops.rmsnorm import reference as rmsnorm_reference
 from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
 
@@ -17,13 +18,26 @@ rmsnorm_modulate = triton_rmsnorm.rmsnorm_modulate_with(triton_rmsnorm.CUDA_NUME
 
 
 def supports_rmsnorm(x, weight, eps, flavour) -> str | None:
-    return triton_rmsnorm.supports_rmsnorm(x, weight, eps, flavour, alignment=False, numerics=triton_rmsnorm.CUDA_NUMERICS)
+    return triton_rmsnorm.supports_rmsnorm(
+        x, weight, eps, flavour, alignment=False, numerics=triton_rmsnorm.CUDA_NUMERICS
+    )
 
 
 def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:
-    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, alignment=False, numerics=triton_rmsnorm.CUDA_NUMERICS)
+    return triton_rmsnorm.supports_rmsnorm_modulate(
+        x, scale, shift, weight, eps, flavour, alignment=False, numerics=triton_rmsnorm.CUDA_NUMERICS
+    )
 
 
 # Defaults measured best on the H200: 1024/512/256-wide column blocks, 4 rows, 4 warps (gpu/gated_residual.py).
 gated_residual_triton = triton_gated_residual.gated_residual
 gated_residual_cuda = cuda_gated_residual.gated_residual
+
+
+qk_norm_rope = triton_qk_norm_rope.qk_norm_rope_with(triton_rmsnorm.CUDA_NUMERICS, qk_norm_rope_reference)
+
+
+def supports_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout) -> str | None:
+    return triton_qk_norm_rope.supports(
+        q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics=triton_rmsnorm.CUDA_NUMERICS
+    )

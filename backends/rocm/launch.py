@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from xbackend.kernels import triton_gated_residual, triton_rmsnorm
+from xbackend.kernels import triton_gated_residual, triton_qk_norm_rope, triton_rmsnorm
+from xbackend.ops.qk_norm_rope import reference as qk_norm_rope_reference
 from xbackend.ops.rmsnorm import reference as rmsnorm_reference
 from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
 
@@ -27,8 +28,17 @@ def supports_rmsnorm(x, weight, eps, flavour) -> str | None:
 
 
 def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:
-    return triton_rmsnorm.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, alignment=False, numerics=_NUMERICS)
+    return triton_rmsnorm.supports_rmsnorm_modulate(
+        x, scale, shift, weight, eps, flavour, alignment=False, numerics=_NUMERICS
+    )
 
 
 def gated_residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return triton_gated_residual.gated_residual(x, update, gate, block_d=1024, block_rows=2, num_warps=4)
+
+
+qk_norm_rope = triton_qk_norm_rope.qk_norm_rope_with(_NUMERICS, qk_norm_rope_reference)
+
+
+def supports_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout) -> str | None:
+    return triton_qk_norm_rope.supports(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics=_NUMERICS)

@@ -273,6 +273,52 @@ def _to_fold_order(x, ARR: tl.constexpr, R: tl.constexpr, K: tl.constexpr, A: tl
     return out
 
 
+@triton.jit
+def _row_stat(
+    x,
+    factor,
+    D: tl.constexpr,
+    FLAVOUR: tl.constexpr,
+    R: tl.constexpr,
+    K: tl.constexpr,
+    A: tl.constexpr,
+    B: tl.constexpr,
+    VEC_FORM: tl.constexpr,
+    ARR: tl.constexpr,
+    LANES: tl.constexpr,
+    BW: tl.constexpr,
+    Y: tl.constexpr,
+    SHFL_ADJ: tl.constexpr,
+    X_FIRST: tl.constexpr,
+):
+    """Per-row statistic [R] of the fp32 tile x (arranged per ARR) in the flavour's exact order:
+    sum of squares / D ("torch"), mean of squares ("diffusers"); rstd is rsqrt(stat + eps)."""
+    if FLAVOUR == 0:
+        # thread a folds its vectors k = 0.. and their 4 elements, k-major: fma(x, x, acc)
+        xs = tl.permute(_to_fold_order(x, ARR, R, K, A, B), (0, 1, 3, 2))  # [R, A, K, B]
+        acc = _fold(tl.reshape(xs, [R, A, K * B]), tl.zeros([R, A], tl.float32), True)
+        acc = _tree(tl.reshape(acc, [R, A // LANES, LANES]), LANES, False)  # lanes, per warp
+        tot = tl.reshape(_tree(tl.reshape(acc, [R, 1, A // LANES]), A // LANES, False), [R])  # warps
+        stat = tl.div_rn(tot, tl.full([R], D, tl.float32))
+    else:
+        q = x * x  # pow(2) is its own rounded kernel; fp fusion is off, so no FMA with the add below
+        qs = _to_fold_order(q, ARR, R, K, A, B)  # [R, A, B, K]
+        if not VEC_FORM:
+            qs = tl.permute(qs, (0, 2, 1, 3))  # [R, thread, accumulator, k]
+        S: tl.constexpr = BW * Y
+        acc = _fold(tl.reshape(qs, [R, S * 4, K]), tl.zeros([R, S * 4], tl.float32), False)
+        acc = _fold(tl.reshape(acc, [R, S, 4]), tl.zeros([R, S], tl.float32), False)  # v0+v1+v2+v3
+        acc = tl.reshape(acc, [R, Y, BW])
+        if X_FIRST:
+            acc = _block_x_tree(acc, BW, LANES, SHFL_ADJ)
+            tot = tl.reshape(_tree(tl.reshape(acc, [R, 1, Y]), Y, False), [R])
+        else:
+            acc = _tree(tl.permute(acc, (0, 2, 1)), Y, False)
+            tot = tl.reshape(_block_x_tree(tl.reshape(acc, [R, 1, BW]), BW, LANES, SHFL_ADJ), [R])
+        stat = tot * factor
+    return stat
+
+
 @triton.jit(do_not_specialize=["col_stride"])
 def _rmsnorm_exact_kernel(
     x_ptr,
@@ -344,30 +390,7 @@ def _rmsnorm_exact_kernel(
         x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0)
     x = x.to(tl.float32)
 
-    if FLAVOUR == 0:
-        # thread a folds its vectors k = 0.. and their 4 elements, k-major: fma(x, x, acc)
-        xs = tl.permute(_to_fold_order(x, ARR, R, K, A, B), (0, 1, 3, 2))  # [R, A, K, B]
-        acc = _fold(tl.reshape(xs, [R, A, K * B]), tl.zeros([R, A], tl.float32), True)
-        acc = _tree(tl.reshape(acc, [R, A // LANES, LANES]), LANES, False)  # lanes, per warp
-        tot = tl.reshape(_tree(tl.reshape(acc, [R, 1, A // LANES]), A // LANES, False), [R])  # warps
-        stat = tl.div_rn(tot, tl.full([R], D, tl.float32))
-    else:
-        q = x * x  # pow(2) is its own rounded kernel; fp fusion is off, so no FMA with the add below
-        qs = _to_fold_order(q, ARR, R, K, A, B)  # [R, A, B, K]
-        if not VEC_FORM:
-            qs = tl.permute(qs, (0, 2, 1, 3))  # [R, thread, accumulator, k]
-        S: tl.constexpr = BW * Y
-        acc = _fold(tl.reshape(qs, [R, S * 4, K]), tl.zeros([R, S * 4], tl.float32), False)
-        acc = _fold(tl.reshape(acc, [R, S, 4]), tl.zeros([R, S], tl.float32), False)  # v0+v1+v2+v3
-        acc = tl.reshape(acc, [R, Y, BW])
-        if X_FIRST:
-            acc = _block_x_tree(acc, BW, LANES, SHFL_ADJ)
-            tot = tl.reshape(_tree(tl.reshape(acc, [R, 1, Y]), Y, False), [R])
-        else:
-            acc = _tree(tl.permute(acc, (0, 2, 1)), Y, False)
-            tot = tl.reshape(_block_x_tree(tl.reshape(acc, [R, 1, BW]), BW, LANES, SHFL_ADJ), [R])
-        stat = tot * factor
-
+    stat = _row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, ARR, LANES, BW, Y, SHFL_ADJ, X_FIRST)
     rstd = _rsqrt(stat + eps, RSQRT)
     if STORE_STAT:
         if FLAVOUR == 0:
@@ -686,10 +709,14 @@ def supports_rmsnorm_fast(x: torch.Tensor, weight: torch.Tensor | None, eps: flo
 
 def supports_rmsnorm_fast_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
     """``supports_rmsnorm_fast`` for flavour "torch" only (max 1 ulp: one registration, ulp(1))."""
-    return supports_rmsnorm_fast(x, weight, eps, flavour) if flavour == "torch" else "registered for flavour 'torch' only"
+    return (
+        supports_rmsnorm_fast(x, weight, eps, flavour) if flavour == "torch" else "registered for flavour 'torch' only"
+    )
 
 
-def supports_rmsnorm_fast_diffusers(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
+def supports_rmsnorm_fast_diffusers(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str
+) -> str | None:
     """``supports_rmsnorm_fast`` for flavour "diffusers" only (max 2 ulp: its own registration, ulp(2))."""
     if flavour != "diffusers":
         return "registered for flavour 'diffusers' only"
@@ -813,17 +840,57 @@ def _plan_launch(
         # torch: one warp per 32 emulated threads, the rest of a row stays in registers (4 warps on
         # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200.
         warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
-        consts = (_f32(eps), factor, d, FLAVOURS.index(flavour), weight is not None, scale is not None, store_stat, r,
-                  plan.k, plan.a, plan.b, plan.vec_form, int(arrangement), stream, num.warp, plan.bw, plan.y,
-                  num.mean_shfl_increasing, num.mean_x_first, num.rsqrt)
+        consts = (
+            _f32(eps),
+            factor,
+            d,
+            FLAVOURS.index(flavour),
+            weight is not None,
+            scale is not None,
+            store_stat,
+            r,
+            plan.k,
+            plan.a,
+            plan.b,
+            plan.vec_form,
+            int(arrangement),
+            stream,
+            num.warp,
+            plan.bw,
+            plan.y,
+            num.mean_shfl_increasing,
+            num.mean_x_first,
+            num.rsqrt,
+        )
     else:
         block_d = _next_pow2(d)
         r = rows_per_program or _default_rows(block_d)
         warps = num_warps or _default_warps(r * block_d)
-        consts = (_f32(eps), _f32(1.0 / d), d, FLAVOURS.index(flavour), weight is not None, scale is not None, r,
-                  block_d, default_numerics(x).rsqrt if rsqrt is None else rsqrt)
-    return _Launch((triton.cdiv(m, r),), m, rows_view, x2.stride(0) if x2.dim() == 2 else d, sc_l, sh_l, consts,
-                   {"num_warps": warps, "enable_fp_fusion": False}, align, bool(check_x), bool(check_w), {})
+        consts = (
+            _f32(eps),
+            _f32(1.0 / d),
+            d,
+            FLAVOURS.index(flavour),
+            weight is not None,
+            scale is not None,
+            r,
+            block_d,
+            default_numerics(x).rsqrt if rsqrt is None else rsqrt,
+        )
+    return _Launch(
+        (triton.cdiv(m, r),),
+        m,
+        rows_view,
+        x2.stride(0) if x2.dim() == 2 else d,
+        sc_l,
+        sh_l,
+        consts,
+        {"num_warps": warps, "enable_fp_fusion": False},
+        align,
+        bool(check_x),
+        bool(check_w),
+        {},
+    )
 
 
 def _launch(
@@ -843,16 +910,48 @@ def _launch(
     rsqrt: int | None = None,
 ) -> torch.Tensor:
     # The launch plan depends on metadata only; the pointer alignments aten checks are re-read per call.
-    key = (x.shape, x.stride(), x.dtype, x.device, weight is None or _meta(weight), scale is None or _meta(scale),
-           shift is None or _meta(shift), eps, flavour, num, rows_per_program, num_warps,
-           arrangement, stream, exact, rsqrt, stat is None)
+    key = (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.device,
+        weight is None or _meta(weight),
+        scale is None or _meta(scale),
+        shift is None or _meta(shift),
+        eps,
+        flavour,
+        num,
+        rows_per_program,
+        num_warps,
+        arrangement,
+        stream,
+        exact,
+        rsqrt,
+        stat is None,
+    )
     lp = _LAUNCHES.get(key)
     if lp is None:
-        reason = _exact_reason(x, weight, flavour, num, False) if exact else supports_rmsnorm_fast(x, weight, eps, flavour)
+        reason = (
+            _exact_reason(x, weight, flavour, num, False) if exact else supports_rmsnorm_fast(x, weight, eps, flavour)
+        )
         if reason:
             raise ValueError(f"triton rmsnorm {'exact' if exact else 'fast'}: {reason}")
-        lp = _plan_launch(x, weight, scale, shift, eps, flavour, num, rows_per_program, num_warps, arrangement,
-                          stream, exact, rsqrt, stat is not None)
+        lp = _plan_launch(
+            x,
+            weight,
+            scale,
+            shift,
+            eps,
+            flavour,
+            num,
+            rows_per_program,
+            num_warps,
+            arrangement,
+            stream,
+            exact,
+            rsqrt,
+            stat is not None,
+        )
         if len(_LAUNCHES) < _MAX_LAUNCHES:
             _LAUNCHES[key] = lp
     if lp.align and ((lp.check_x and x.data_ptr() % lp.align) or (lp.check_w and weight.data_ptr() % lp.align)):
@@ -921,8 +1020,9 @@ def _launch_exact(
     arrangement: int | None = None,
     stream: bool = False,
 ) -> torch.Tensor:
-    return _launch(x, weight, scale, shift, eps, flavour, num, rows_per_program, num_warps, stat, arrangement,
-                   stream, True)
+    return _launch(
+        x, weight, scale, shift, eps, flavour, num, rows_per_program, num_warps, stat, arrangement, stream, True
+    )
 
 
 def rmsnorm(
@@ -1013,8 +1113,22 @@ def _launch_fast(
     num_warps: int | None,
     rsqrt: int | None,
 ) -> torch.Tensor:
-    return _launch(x, weight, scale, shift, eps, flavour, default_numerics(x), rows_per_program, num_warps, None,
-                   None, False, False, rsqrt)
+    return _launch(
+        x,
+        weight,
+        scale,
+        shift,
+        eps,
+        flavour,
+        default_numerics(x),
+        rows_per_program,
+        num_warps,
+        None,
+        None,
+        False,
+        False,
+        rsqrt,
+    )
 
 
 def rmsnorm_fast(

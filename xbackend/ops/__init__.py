@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from .._opspec import OpSpec
-from . import gated_residual, neighborhood_attention, rmsnorm, rmsnorm_modulate, rotary_embedding
+from . import gated_residual, neighborhood_attention, qk_norm_rope, rmsnorm, rmsnorm_modulate, rotary_embedding
 
 OPS: dict[str, OpSpec] = {
-    m.SPEC.name: m.SPEC for m in (rmsnorm, rmsnorm_modulate, gated_residual, rotary_embedding, neighborhood_attention)
+    m.SPEC.name: m.SPEC
+    for m in (rmsnorm, rmsnorm_modulate, gated_residual, rotary_embedding, qk_norm_rope, neighborhood_attention)
 }
 
 __all__ = ["OPS"]

@@ -1,0 +1,255 @@
+"""Triton q/k RMSNorm + interleaved RoPE in one pass, bit-exact to the two eager references composed.
+
+One program per row (or ``R`` rows) loads that row of cos and sin once, then for q and for k: loads the
+row, computes the flavour's statistic in PyTorch's exact reduction order (``triton_rmsnorm._row_stat``,
+the same code as the RMSNorm kernels), normalizes and rounds to q's dtype as eager does, and rotates
+the rounded values with eager's fp32 roundings (``triton_rotary``'s arithmetic). The tile is the
+RMSNorm kernel's ``[A, R, K, B]`` arrangement, whose last axis holds adjacent channels, so a RoPE
+pair ``(2i, 2i + 1)`` is always inside one thread's vector (B is 4, or the emulated thread count,
+and even). Compiled with ``enable_fp_fusion=False`` like both parents.
+
+Exact where both parents are: ``supports`` gives the RMSNorm kernels' reasons (odd D for the torch
+flavour, D > 16384, ...) and RoPE's (split layout). A torch-flavour call whose pointers aten would
+not vectorize raises ``NotVectorizable`` per call (``qk_norm_rope_with`` turns that into the
+reference for that call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from xbackend.kernels import triton_rmsnorm as rms
+from xbackend.kernels._triton_launch import DirectLaunch
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _pairs(t):
+    """[A, R, K, B] -> (channels 2i, channels 2i + 1), each [A, R, K, B // 2]."""
+    return tl.split(tl.reshape(t, [t.shape[0], t.shape[1], t.shape[2], t.shape[3] // 2, 2]))
+
+
+@triton.jit
+def _norm_rope_rows(
+    x_ptr, w_ptr, out_ptr, stride_x, rr, cols, cmask, mask, c_e, c_o, s_e, s_o, eps, factor,
+    D: tl.constexpr, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
+    A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
+    Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
+):  # fmt: skip
+    x = tl.load(x_ptr + rr * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    stat = rms._row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, rms.ARR_ARKB, LANES, BW, Y, SHFL_ADJ, X_FIRST)
+    rstd = rms._rsqrt(stat + eps, RSQRT)[None, :, None, None]
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    else:
+        w = x  # unused
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    y_e, y_o = _pairs(rms._normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype).to(tl.float32))
+    # eager RoPE on the rounded norm: x.float() * cos + rotate(x).float() * sin, each op rounded to fp32
+    out_e = y_e * c_e + (-y_o) * s_e
+    out_o = y_o * c_o + y_e * s_o
+    out = tl.reshape(tl.join(out_e, out_o), [A, R, K, B])
+    tl.store(out_ptr + rr * D + cols, out.to(out_dtype), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+    M, stride_q, stride_k, f_inner, f_so, f_si, eps, factor,
+    D: tl.constexpr, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
+    A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
+    Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    rr = (pid * R + tl.arange(0, R))[None, :, None, None]
+    toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
+    cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
+    cmask = cols < D
+    mask = (rr < M) & cmask
+    # cos/sin broadcast to q: row r is (r // f_inner) * f_so + (r % f_inner) * f_si, unit column stride
+    ro = rr // f_inner
+    f_off = ro * f_so + (rr - ro * f_inner) * f_si + cols
+    c_e, c_o = _pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
+    s_e, s_o = _pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
+    _norm_rope_rows(
+        q_ptr,
+        wq_ptr,
+        qo_ptr,
+        stride_q,
+        rr,
+        cols,
+        cmask,
+        mask,
+        c_e,
+        c_o,
+        s_e,
+        s_o,
+        eps,
+        factor,
+        D,
+        FLAVOUR,
+        HAS_W,
+        R,
+        K,
+        A,
+        B,
+        VEC_FORM,
+        LANES,
+        BW,
+        Y,
+        SHFL_ADJ,
+        X_FIRST,
+        RSQRT,
+    )
+    _norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c_e, c_o, s_e, s_o, eps, factor,
+                    D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT)  # fmt: skip
+
+
+_KERNEL = DirectLaunch(_qk_norm_rope_kernel)
+
+
+class _Plan(NamedTuple):
+    grid: tuple[int]
+    rows: int
+    stride_q: int
+    stride_k: int
+    f_layout: tuple[int, int, int]  # (inner, outer stride, inner stride) of cos/sin over q's rows
+    consts: tuple  # eps (fp32), factor, then the constexprs in signature order
+    num_warps: int
+    align: int  # torch flavour: bytes q, k and the weights must be aligned to (aten vectorizes only then)
+
+
+_PLANS: dict[tuple, _Plan | str] = {}
+_MAX_PLANS = 4096
+
+
+def _row_stride(x: torch.Tensor) -> int | None:
+    """The row stride of x as [rows, D] with unit column stride, or None if it is not one view."""
+    d = x.shape[-1]
+    try:
+        v = x.view(-1, d)
+    except RuntimeError:
+        return None
+    if d > 1 and v.stride(1) != 1:
+        return None
+    return v.stride(0) if v.shape[0] > 1 else d
+
+
+def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.Numerics,
+             num_warps: int | None) -> _Plan | str:  # fmt: skip
+    if layout != "interleaved":
+        return "split layout: not implemented in Triton (aten's addcmul_ contraction not derived)"
+    if k.shape != q.shape or k.dtype != q.dtype or k.device != q.device:
+        return "q and k differ in shape, dtype or device"
+    if (q_weight is None) != (k_weight is None):
+        return "one of q_weight/k_weight is None"
+    for x, w in ((q, q_weight), (k, k_weight)):
+        reason = rms._exact_reason(x, w, flavour, num, False)
+        if reason:
+            return reason
+    if cos.dtype not in _DTYPES or sin.dtype not in _DTYPES:
+        return "cos/sin dtype must be bf16/fp16/fp32"
+    if cos.device != q.device or sin.device != q.device:
+        return "cos/sin on another device"
+    if cos.shape != sin.shape or cos.stride() != sin.stride() or cos.dtype != sin.dtype:
+        return "cos and sin must share shape, strides and dtype"
+    if q.shape[-1] % 2:
+        return "D must be even (RoPE pairs)"
+    try:
+        if torch.broadcast_shapes(cos.shape, q.shape) != q.shape:
+            return "cos/sin broadcasting would grow q"
+    except RuntimeError:
+        return "cos/sin do not broadcast to q"
+    te, inner, s_outer, s_inner, s_col = rms._bcast_layout(cos, q.shape)
+    if te.data_ptr() != cos.data_ptr() or (q.shape[-1] > 1 and s_col != 1):
+        return "cos/sin rows need more than two strides or a non-unit column stride"
+    sq, sk = _row_stride(q), _row_stride(k)
+    if sq is None or sk is None:
+        return "q/k rows are not one strided view with a contiguous last dim"
+    d = q.shape[-1]
+    m = q.numel() // max(d, 1)
+    if flavour == "torch":
+        plan = rms._torch_plan(d, num)
+        factor = 1.0
+        align = rms._TORCH_VEC * q.element_size()
+    else:
+        plan = rms._mean_plan(max(m, 1), d, num)
+        assert not isinstance(plan, str)  # _exact_reason said yes
+        factor = rms._mean_factor(max(m, 1), d)
+        align = 0
+    if plan.b % 2:
+        return "tile vectors of odd width (D < 2)"
+    r = rms._default_rows(plan.k * plan.a * plan.b)
+    warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
+    consts = (rms._f32(eps), factor, d, rms.FLAVOURS.index(flavour), q_weight is not None, r, plan.k, plan.a,
+              plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing, num.mean_x_first,
+              num.rsqrt)  # fmt: skip
+    return _Plan((triton.cdiv(m, r),), m, sq, sk, (inner, s_outer, s_inner), consts, warps, align)
+
+
+def _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_warps=None) -> _Plan | str:
+    # Shapes, strides and dtypes fix the plan, so the analysis runs once per geometry.
+    key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), None if q_weight is None else rms._meta(q_weight),
+           None if k_weight is None else rms._meta(k_weight), cos.shape, cos.stride(), cos.dtype, cos.device,
+           sin.shape, sin.stride(), sin.dtype, eps, flavour, layout, num, num_warps)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_warps)
+        if len(_PLANS) < _MAX_PLANS:
+            _PLANS[key] = plan
+    return plan
+
+
+def supports(
+    q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, *, numerics: rms.Numerics | None = None
+) -> str | None:
+    """Why the kernel cannot reproduce the reference on these inputs, or None (shapes only: answers for
+    meta tensors; pointer alignment is checked per call)."""
+    plan = _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics or rms.default_numerics(q))
+    return plan if isinstance(plan, str) else None
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", layout="interleaved", *,
+                 numerics: rms.Numerics | None = None, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``reference(...)`` of ``xbackend.ops.qk_norm_rope`` as one kernel, bit-identical on the same GPU.
+    Raises ValueError where ``supports`` gives a reason, ``NotVectorizable`` for a misaligned
+    torch-flavour call."""
+    plan = _plan(
+        q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics or rms.default_numerics(q), num_warps
+    )
+    if isinstance(plan, str):
+        raise ValueError(f"triton qk_norm_rope: {plan}")
+    if plan.align:
+        for t in (q, k, q_weight, k_weight):
+            # aten makes a non-contiguous input contiguous (a fresh, aligned buffer) before it checks
+            if t is not None and t.is_contiguous() and t.data_ptr() % plan.align:
+                raise rms.NotVectorizable(f"triton qk_norm_rope: {rms._ALIGN_REASON}")
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+    if plan.rows == 0 or q.shape[-1] == 0:
+        return q_out, k_out
+    eps32, factor, *consts = plan.consts
+    wq = q_weight if q_weight is not None else q
+    wk = k_weight if k_weight is not None else k
+    _KERNEL(plan.grid, (q, k, wq, wk, cos, sin, q_out, k_out, plan.rows, plan.stride_q, plan.stride_k, *plan.f_layout,
+                        eps32, factor, *consts), num_warps=plan.num_warps, enable_fp_fusion=False)  # fmt: skip
+    return q_out, k_out
+
+
+def qk_norm_rope_with(numerics: rms.Numerics, fallback: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
+    """``qk_norm_rope`` for one fixed ``numerics`` (a backend's registered impl). A call whose pointers aten
+    would not vectorize returns ``fallback(...)`` (the op's reference) for that call."""
+
+    def qk_norm_rope_fixed(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout):
+        try:
+            return qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics=numerics)
+        except rms.NotVectorizable:
+            return fallback(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout)
+
+    return qk_norm_rope_fixed

@@ -1,0 +1,123 @@
+"""qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", layout="interleaved")
+
+What a DiT attention does to its projections before SDPA (LTX-2's ``LTX2Attention``): RMSNorm of the
+query and of the key over their full width, then RoPE of both with the same frequencies:
+
+    q_out = rotary_embedding(rmsnorm(q, q_weight, eps, flavour), cos, sin, layout)
+    k_out = rotary_embedding(rmsnorm(k, k_weight, eps, flavour), cos, sin, layout)
+
+each op with its own reference semantics (``rmsnorm.py``, ``rotary_embedding.py``): the normalized
+values are rounded to q's dtype before the rotation, as eager rounds them. Returns ``(q_out, k_out)``.
+
+Why one op for four: at a [1, 32640, 4096] video query the separate ops move q and k through memory
+twice and LTX-2's fp32 cos and sin (534 MB each) twice; fused, everything is read once and written
+once (~2.1 GB instead of ~4.3 GB per attention). q and k must have one shape (self-attention); cross
+attention with keys of another length calls the two ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _checks as chk
+from .._opspec import OpSpec, register_reference_autograd
+from . import rmsnorm as _rmsnorm
+from . import rotary_embedding as _rotary
+
+NAME = "qk_norm_rope"
+
+
+# -- signature and checks ------------------------------------------------------------------------
+def bind(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float = 1e-6,
+    flavour: str = "torch",
+    layout: str = "interleaved",
+) -> tuple[Any, ...]:
+    return (q, k, q_weight, k_weight, cos, sin, eps, flavour, layout)
+
+
+def check(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+          cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str, layout: str) -> None:  # fmt: skip
+    chk.tensor(NAME, "q", q)
+    chk.tensor(NAME, "k", k)
+    if k.shape != q.shape:
+        raise chk.fail(NAME, "k", f"the shape of 'q' {chk.shape_str(q)} (self-attention; call rmsnorm and "
+                       "rotary_embedding for keys of another length)", chk.shape_str(k))  # fmt: skip
+    chk.same_dtype_device(NAME, "k", k, q, "q")
+    for name, x, w in (("q", q, q_weight), ("k", k, k_weight)):
+        try:
+            _rmsnorm.check(x, w, eps, flavour, op=NAME)
+        except ValueError as e:  # name the weight of q or of k, not a bare 'weight'
+            raise ValueError(str(e).replace("'weight'", f"'{name}_weight'", 1)) from None
+    _rotary.check(q, cos, sin, layout)
+
+
+# -- reference -----------------------------------------------------------------------------------
+def reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+              cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str,
+              layout: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The two references composed: ``rmsnorm`` then ``rotary_embedding``, for q and for k."""
+    return (_rotary.reference(_rmsnorm.reference(q, q_weight, eps, flavour), cos, sin, layout),
+            _rotary.reference(_rmsnorm.reference(k, k_weight, eps, flavour), cos, sin, layout))  # fmt: skip
+
+
+# -- key and planning example --------------------------------------------------------------------
+def key(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+        cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str, layout: str) -> tuple[Any, ...]:  # fmt: skip
+    # Flat, no helper calls: this runs on every call (the C++ key replaces it where built).
+    wq = None if q_weight is None else (q_weight.shape, q_weight.stride(), q_weight.dtype, q_weight.device)
+    wk = None if k_weight is None else (k_weight.shape, k_weight.stride(), k_weight.dtype, k_weight.device)
+    return (NAME, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, wq, wk,
+            cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
+            eps, flavour, layout)  # fmt: skip
+
+
+def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    q = torch.empty(1, 32640, 4096, dtype=dtype, device=device)
+    w = torch.empty(4096, dtype=dtype, device=device)
+    freqs = torch.empty(1, 32640, 4096, dtype=torch.float32, device=device)
+    return (q, q, w, w, freqs, freqs, 1e-6, "torch", "interleaved")
+
+
+# -- custom op -----------------------------------------------------------------------------------
+@torch.library.custom_op("xbackend::qk_norm_rope", mutates_args=())
+def qk_norm_rope_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                    cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str,
+                    layout: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    from .._runtime import dispatch
+
+    q_out, k_out = dispatch(SPEC, (q, k, q_weight, k_weight, cos, sin, eps, flavour, layout))
+    return q_out, k_out
+
+
+@qk_norm_rope_op.register_fake
+def _fake(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+          cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str,
+          layout: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    check(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format))  # fmt: skip
+
+
+register_reference_autograd(qk_norm_rope_op, reference, (0, 1, 2, 3, 4, 5))
+
+SPEC = OpSpec(
+    name=NAME,
+    bind=bind,
+    check=check,
+    reference=reference,
+    key=key,
+    example=example,
+    custom_op=qk_norm_rope_op,
+    positional_arity=9,
+    tensor_args=(0, 1, 2, 3, 4, 5),
+    signature='qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", layout="interleaved")',
+)
