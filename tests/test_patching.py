@@ -97,7 +97,7 @@ def paths_of(model: nn.Module, *classes: type) -> list[str]:
 @pytest.fixture
 def op_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often the patched code called each fused op (so a test knows the fused path ran)."""
-    calls = {"rmsnorm": 0, "rmsnorm_modulate": 0, "gated_residual": 0, "rotary_embedding": 0}
+    calls = {"rmsnorm": 0, "rmsnorm_modulate": 0, "gated_residual": 0, "rotary_embedding": 0, "qk_norm_rope": 0}
     attrs = {"rotary_embedding": "_ROTARY"}
     for name in calls:
         attr = attrs.get(name, f"_{name.upper()}")
@@ -126,9 +126,11 @@ def test_transformer_patched_is_bit_identical(variant: str, dtype: torch.dtype, 
     layers = TRANSFORMER_CONFIG["num_layers"]
     assert op_calls["rmsnorm_modulate"] == layers * (8 + adaln)
     assert op_calls["gated_residual"] == layers * (6 + adaln)
-    # Interleaved RoPE of query and key in attn1, audio_attn1, a2v and v2a attention; LTX-2.5's
-    # perturbed-attention processor is not the one the RoPE patch transcribes (left alone, reported).
-    assert op_calls["rotary_embedding"] == (0 if variant == "ltx2.5" else layers * 8)
+    # Interleaved RoPE of query and key: attn1 and audio_attn1 (self-attention) fuse both norms and
+    # both RoPEs into one qk_norm_rope; a2v and v2a (keys of the other modality) rotate q and k apart.
+    # LTX-2.5's perturbed-attention processor is not the one the RoPE patch transcribes (left alone).
+    assert op_calls["qk_norm_rope"] == (0 if variant == "ltx2.5" else layers * 2)
+    assert op_calls["rotary_embedding"] == (0 if variant == "ltx2.5" else layers * 4)
     assert_equal(run(model, isolated), expected_isolated)
 
 

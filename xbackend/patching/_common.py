@@ -28,6 +28,7 @@ _RMSNORM = get_op("rmsnorm")
 _RMSNORM_MODULATE = get_op("rmsnorm_modulate")
 _GATED_RESIDUAL = get_op("gated_residual")
 _ROTARY = get_op("rotary_embedding")
+_QK_NORM_ROPE = get_op("qk_norm_rope")
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 _MARK = "_xbackend_patch"
 
@@ -233,6 +234,38 @@ def rope_interleaved(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], 
     if can_rope(x, cos, sin):
         return _ROTARY(x, cos, sin, "interleaved")
     return original(x, freqs)
+
+
+def qk_norm_rope(
+    norm_q: nn.Module, norm_k: nn.Module, flavour: str, query: torch.Tensor, key: torch.Tensor,
+    freqs: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``rope(norm_q(query)), rope(norm_k(key))`` as one ``qk_norm_rope`` call, or None when these inputs
+    are not that op (the caller then runs the two norms and two RoPEs). ``flavour`` is both norms'
+    flavour, found fusable (and their eps equal) at patch time."""
+    cos, sin = freqs
+    wq, wk = norm_q.weight, norm_k.weight
+    if (
+        query.shape != key.shape
+        or (wq is None) != (wk is None)
+        or not (can_rmsnorm(query, wq) and can_rmsnorm(key, wk) and can_rope(query, cos, sin))
+        or (flavour == "torch" and query.shape[-1] != norm_q.normalized_shape[0])
+    ):
+        return None
+    return _QK_NORM_ROPE(query, key, wq, wk, cos, sin, norm_q.eps, flavour, "interleaved")
+
+
+def qk_fusion_flavour(norm_q: nn.Module, norm_k: nn.Module) -> tuple[str | None, str]:
+    """(flavour, detail) when the q and k norms can run fused with RoPE, else (None, why not)."""
+    fq, why_q = rmsnorm_flavour(norm_q)
+    fk, why_k = rmsnorm_flavour(norm_k)
+    if fq is None or fk is None:
+        return None, f"q/k norms not fused: {why_q if fq is None else why_k}"
+    if fq != fk or norm_q.eps != norm_k.eps:
+        return None, "q/k norms not fused: their flavours or eps differ"
+    if (norm_q.weight is None) != (norm_k.weight is None):
+        return None, "q/k norms not fused: one has a weight, the other not"
+    return fq, "q/k RMSNorm + RoPE fused (qk_norm_rope)"
 
 
 # -- RMSNorm modules -----------------------------------------------------------------------------

@@ -39,6 +39,8 @@ from ._common import (
     mark,
     norm_modulate,
     own_override,
+    qk_fusion_flavour,
+    qk_norm_rope,
     rmsnorm_flavour,
     rope_interleaved,
     same_parameters,
@@ -451,14 +453,19 @@ def _ltx2_attention_functions() -> tuple[Callable[..., Any], ...]:
 class XbackendLTX2AttnProcessor:
     """Stands in for diffusers' ``LTX2AudioVideoAttnProcessor`` on one ``LTX2Attention``: the same
     computation, with the interleaved RoPE of the query and key as ``get_op("rotary_embedding")`` (one
-    pass instead of eight eager kernels, bit-identical). Split RoPE (LTX-2.3) runs as diffusers writes
-    it. Keeps the processor it replaced for `unpatch`."""
+    pass instead of eight eager kernels, bit-identical). Where query and key share their frequencies and
+    shape (self-attention) and ``qk_flavour`` names the norms' flavour, ``norm_q``, ``norm_k`` and both
+    RoPEs are one ``qk_norm_rope`` call. Split RoPE (LTX-2.3) runs as diffusers writes it. Keeps the
+    processor it replaced for `unpatch`."""
 
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, original: Any):
+    def __init__(self, original: Any, qk_flavour: str | None = None, qk_norms: tuple[nn.Module, nn.Module] | None = None):
         self.original = original
+        self.qk_flavour = qk_flavour
+        self.qk_norms = qk_norms  # the norms qk_flavour was found for: replaced ones are not fused
+        self.qk_detail = "q/k norms not fused"
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
@@ -486,10 +493,25 @@ class XbackendLTX2AttnProcessor:
         query = attn.to_q(hidden_states)
         key = attn.to_k(encoder_hidden_states)
         value = attn.to_v(encoder_hidden_states)
-        query = attn.norm_q(query)
-        key = attn.norm_k(key)
+        fused = None
+        if (
+            self.qk_flavour is not None
+            and query_rotary_emb is not None
+            and attn.rope_type == "interleaved"
+            # element-wise: dynamo cannot trace `is` between two tuples
+            and (key_rotary_emb is None or (key_rotary_emb[0] is query_rotary_emb[0] and key_rotary_emb[1] is query_rotary_emb[1]))
+            and self.qk_norms == (attn.norm_q, attn.norm_k)
+            and hookless(attn.norm_q)
+            and hookless(attn.norm_k)
+        ):
+            fused = qk_norm_rope(attn.norm_q, attn.norm_k, self.qk_flavour, query, key, query_rotary_emb)
+        if fused is not None:
+            query, key = fused
+        else:
+            query = attn.norm_q(query)
+            key = attn.norm_k(key)
 
-        if query_rotary_emb is not None:
+        if query_rotary_emb is not None and fused is None:
             key_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
             if attn.rope_type == "interleaved":
                 query = rope_interleaved(query, query_rotary_emb, apply_interleaved_rotary_emb)
@@ -521,7 +543,7 @@ def patch_rope_processor(attn: nn.Module, path: str, found: Findings, kinds: fro
     processor = attn.processor
     detail = f"rope_type={attn.rope_type} heads={attn.heads}"
     if isinstance(processor, XbackendLTX2AttnProcessor):
-        found.add("rotary_embedding", path, f"{detail}; was {type(processor.original).__name__}", new=False)
+        found.add("rotary_embedding", path, f"{detail}; {processor.qk_detail}; was {type(processor.original).__name__}", new=False)
         return
     if "rotary_embedding" not in kinds:
         return
@@ -538,8 +560,13 @@ def patch_rope_processor(attn: nn.Module, path: str, found: Findings, kinds: fro
     elif attn.rope_type != "interleaved":
         found.skip("rotary_embedding", path, f"rope_type={attn.rope_type!r}: only interleaved RoPE is routed")
     else:
-        attn.set_processor(XbackendLTX2AttnProcessor(processor))
-        found.add("rotary_embedding", path, f"{detail}; was {type(processor).__name__}")
+        qk_flavour, qk_detail = (
+            qk_fusion_flavour(attn.norm_q, attn.norm_k) if "rmsnorm" in kinds else (None, "q/k norms: rmsnorm not patched")
+        )
+        ours = XbackendLTX2AttnProcessor(processor, qk_flavour, (attn.norm_q, attn.norm_k))
+        ours.qk_detail = qk_detail
+        attn.set_processor(ours)
+        found.add("rotary_embedding", path, f"{detail}; {qk_detail}; was {type(processor).__name__}")
 
 
 def unpatch_rope_processor(attn: nn.Module, path: str, found: Findings) -> None:
