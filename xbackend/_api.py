@@ -13,6 +13,7 @@ from . import _runtime as _rt
 from ._device import Device
 from ._opspec import OpSpec
 from ._policy import _POLICY, current_policy
+from ._precision import Output
 from ._runtime import runtime
 from .ops import OPS
 
@@ -37,7 +38,7 @@ class Op:
         self._key = spec.key
         self._arity = spec.positional_arity
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, *args: Any, **kwargs: Any) -> Output:
         a = args if not kwargs and len(args) == self._arity else self._bind(*args, **kwargs)
         if _is_compiling() or (_grad_enabled() and self.spec.needs_grad(a)):
             return self._custom_op(*a)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._precision import Precision, compare
+from ._precision import Output, Precision, compare
 
 __all__ = ["OpSpec", "describe_args", "register_reference_autograd", "tensor_sig"]
 
@@ -29,17 +29,17 @@ class OpSpec:
     name: str
     bind: Callable[..., tuple[Any, ...]]
     check: Callable[..., None]
-    reference: Callable[..., torch.Tensor]
+    reference: Callable[..., Output]
     key: Callable[..., tuple[Any, ...]]
     example: Callable[[torch.dtype, torch.device], tuple[Any, ...]]
-    custom_op: Callable[..., torch.Tensor]
+    custom_op: Callable[..., Output]
     tensor_args: tuple[int, ...]
     signature: str
     tolerant: bool = False
     # Calls with exactly this many positional arguments and no kwargs skip ``bind`` (it would return
     # them unchanged); None for ops whose bind normalizes (neighborhood_attention's int -> tuple).
     positional_arity: int | None = None
-    verify: Callable[[torch.Tensor, tuple[Any, ...], Precision], str | None] | None = None
+    verify: Callable[[Output, tuple[Any, ...], Precision], str | None] | None = None
 
     def device_of(self, args: tuple[Any, ...]) -> torch.device:
         return args[self.tensor_args[0]].device
@@ -54,7 +54,7 @@ class OpSpec:
                 return True
         return False
 
-    def check_output(self, out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> str | None:
+    def check_output(self, out: Output, args: tuple[Any, ...], precision: Precision) -> str | None:
         """The guard's comparison of an impl's output with the reference on the same inputs."""
         if self.verify is not None:
             return self.verify(out, args, precision)
@@ -76,24 +76,41 @@ def describe_args(args: tuple[Any, ...]) -> str:
     return " ".join(parts)
 
 
-def register_reference_autograd(custom_op: Any, reference: Callable[..., torch.Tensor], tensor_args: tuple[int, ...]) -> None:
+def register_reference_autograd(custom_op: Any, reference: Callable[..., Output], tensor_args: tuple[int, ...]) -> None:
     """Gradients are the reference's gradients: these ops exist for inference speed, and a training
-    caller must still get correct gradients rather than a silently detached result."""
+    caller must still get correct gradients rather than a silently detached result. A reference
+    that returns several tensors gets the gradients of all of them at once."""
 
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Output) -> None:
         ctx.inputs = inputs
 
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grad_outs: Any) -> tuple[Any, ...]:
         inputs = list(ctx.inputs)
         wanted = [i for i in tensor_args if inputs[i] is not None and inputs[i].requires_grad]
         for i in wanted:
             inputs[i] = inputs[i].detach().requires_grad_(True)
         with torch.enable_grad():
-            out = reference(*inputs)
-            grads = torch.autograd.grad(out, [inputs[i] for i in wanted], grad_out, allow_unused=True)
+            outs, grads_in = _differentiable(reference(*inputs), grad_outs)
+            if not outs:  # no output got a gradient: nothing flows back
+                return (None,) * len(inputs)
+            grads = torch.autograd.grad(outs, [inputs[i] for i in wanted], grads_in, allow_unused=True)
         result: list[Any] = [None] * len(inputs)
         for i, g in zip(wanted, grads, strict=True):
             result[i] = g
         return tuple(result)
 
     custom_op.register_autograd(backward, setup_context=setup_context)
+
+
+def _differentiable(out: Output, grad_outs: tuple[Any, ...]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The reference's outputs paired with their incoming gradients, leaving out those autograd has no
+    gradient for (an output the caller never used, or one that does not depend on any input).
+
+    A tuple-returning custom op hands ``backward`` one gradient per output; a list-returning one hands
+    it the list as a single argument."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    grads = list(grad_outs[0]) if len(grad_outs) == 1 and isinstance(grad_outs[0], (tuple, list)) else list(grad_outs)
+    if len(grads) != len(outs):
+        raise RuntimeError(f"backward got {len(grads)} output gradient(s) for a reference with {len(outs)} output(s)")
+    kept = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
+    return [o for o, _ in kept], [g for _, g in kept]

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EXACT", "QUALITY_TIERS", "Precision", "admits", "compare", "tolerance", "ulp", "ulp_distance"]
+__all__ = ["EXACT", "QUALITY_TIERS", "Output", "Precision", "admits", "compare", "tolerance", "ulp", "ulp_distance"]
+
+# What an op (its reference and every impl) returns: most ops one tensor; some (qk_norm_rope's
+# ``(q, k)``) several, compared element by element.
+Output = torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,22 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordered(a) - ordered(b)).abs()
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, precision: Precision) -> str | None:
-    """None when ``out`` meets ``precision`` against ``ref``, else a one-line reason."""
+def compare(out: Output, ref: Output, precision: Precision) -> str | None:
+    """None when ``out`` meets ``precision`` against ``ref``, else a one-line reason. A tuple (or
+    list) ``ref`` needs an ``out`` of the same length, every element meeting ``precision``; the reason
+    names the first element that does not."""
+    if isinstance(ref, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(ref):
+            return f"returned {_count(out)} output(s), reference has {len(ref)}"
+        for i, (o, r) in enumerate(zip(out, ref, strict=True)):
+            reason = compare(o, r, precision)
+            if reason is not None:
+                return f"output {i}: {reason}"
+        return None
+    if isinstance(out, (tuple, list)):
+        return f"returned {len(out)} output(s), reference has 1"
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, reference is a tensor"
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return f"returned {out.dtype}{list(out.shape)}, reference is {ref.dtype}{list(ref.shape)}"
     if precision.kind == "exact":
@@ -99,6 +117,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, precision: Precision) -> str |
     denom = float(ref32.norm())
     err = float((out32 - ref32).norm()) / (denom if denom > 0 else 1.0)
     return None if err <= precision.rel_fro else f"relative Frobenius error {err:.3g} > {precision.rel_fro:g}"
+
+
+def _count(out: object) -> int:
+    return len(out) if isinstance(out, (tuple, list)) else 1
 
 
 def _max_ulp_note(out: torch.Tensor, ref: torch.Tensor) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ._device import Device, DeviceSpec
-from ._precision import EXACT, Precision
+from ._precision import EXACT, Output, Precision
 
 __all__ = ["Impl", "Registrar", "RegistrationError", "Registry"]
 
@@ -37,7 +37,7 @@ class Impl:
 
     op: str
     name: str
-    fn: Callable[..., torch.Tensor] | str
+    fn: Callable[..., Output] | str
     priority: int = 0
     devices: str = "*"
     dtypes: frozenset[torch.dtype] = FLOAT_DTYPES

@@ -23,7 +23,7 @@ from . import _fastkey, hookspecs
 from ._device import Device, probe, simulated
 from ._opspec import OpSpec, describe_args
 from ._policy import _POLICY, Policy
-from ._precision import EXACT
+from ._precision import EXACT, Output
 from ._registry import Impl, Registrar, Registry
 from ._resolver import Context, Decision, decide
 from .ops import OPS
@@ -210,7 +210,7 @@ class Runtime:
             raise ImplUnusableError(f"{spec.name}: forced impl {forced!r} cannot run this call: {reasons}")
 
     # -- dispatch --------------------------------------------------------------------------------
-    def dispatch(self, spec: OpSpec, args: tuple[Any, ...]) -> torch.Tensor:
+    def dispatch(self, spec: OpSpec, args: tuple[Any, ...]) -> Output:
         policy = _POLICY.get()
         cache = self._caches.get(policy)
         if cache is None:
@@ -243,7 +243,7 @@ class Runtime:
                 cache.clear()
             return cache.setdefault(key, entry)
 
-    def _first_use(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...]) -> torch.Tensor:
+    def _first_use(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...]) -> Output:
         with entry.lock:
             if entry.fn is not None:  # another thread verified it while we waited
                 return entry.fn(*args)
@@ -274,7 +274,7 @@ class Runtime:
                 self._disable(spec, entry, impl, status, reason)
             raise AssertionError(f"{spec.name}: no candidate left, not even the reference")  # unreachable
 
-    def _after_failure(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...], error: Exception) -> torch.Tensor:
+    def _after_failure(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...], error: Exception) -> Output:
         with entry.lock:
             failed = entry.impl
             if failed is None or failed.backend == CORE:
@@ -323,5 +323,5 @@ def set_runtime(rt: Runtime | None) -> Runtime | None:
     return previous
 
 
-def dispatch(spec: OpSpec, args: tuple[Any, ...]) -> torch.Tensor:
+def dispatch(spec: OpSpec, args: tuple[Any, ...]) -> Output:
     return (_current or runtime()).dispatch(spec, args)

@@ -12,6 +12,7 @@ import torch
 
 from .._api import get_op, plan
 from .._policy import use
+from .._precision import Output
 from ._harness import Progress, Row, copy_fn, format_table, rotations, time_host_inclusive, time_rotated, write_png
 from .cases import CASES, Case
 
@@ -34,11 +35,11 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
     rows: list[Row] = []
     expected = None if spec.tolerant else spec.reference(*first)
 
-    def add(variant: str, fn: Any, out: torch.Tensor | None = None, time_sets: list[Any] = sets) -> None:
+    def add(variant: str, fn: Any, out: Output | None = None, time_sets: list[Any] = sets) -> None:
         us = time_rotated(fn, time_sets, reps=reps)
         exact, extra = None, {}
         if out is not None and expected is not None:
-            exact = bool(torch.equal(out, expected))
+            exact = _equal(out, expected)
         elif out is not None and spec.tolerant:
             # Sampled queries against the fp32 reference: the guard's own comparison.
             from .._precision import tolerance
@@ -75,6 +76,17 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
     else:
         rows.append(Row(case.name, "host: xbackend call", ours))
     return rows
+
+
+def _equal(out: Output, expected: Output) -> bool:
+    """``torch.equal``; for an op with several outputs, of every one (the column stays yes/NO)."""
+    if isinstance(expected, (tuple, list)):
+        return (
+            isinstance(out, (tuple, list))
+            and len(out) == len(expected)
+            and all(_equal(o, e) for o, e in zip(out, expected, strict=True))
+        )
+    return isinstance(out, torch.Tensor) and bool(torch.equal(out, expected))
 
 
 def _dense_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .._precision import Output
 from .._registry import Impl
 from .._runtime import Runtime, set_runtime
 
@@ -70,6 +71,6 @@ def _describe(args: tuple[Any, ...]) -> str:
     return describe_args(args)
 
 
-def assert_no_graph_break(fn: Any, *args: Any) -> torch.Tensor:
+def assert_no_graph_break(fn: Any, *args: Any) -> Output:
     """Compile ``fn`` with ``fullgraph=True`` (raises on any graph break) and run it once."""
     return torch.compile(fn, fullgraph=True, backend="eager")(*args)
