@@ -27,6 +27,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -80,7 +81,7 @@ def first_call(blocks: list[Block], kwargs: dict[str, Any]) -> tuple[Outputs, fl
 def bench_ms(blocks: list[Block], kwargs: dict[str, Any]) -> float:
     from triton.testing import do_bench
 
-    return do_bench(lambda: run_stack(blocks, kwargs), warmup=200, rep=1500, return_mode="median")
+    return do_bench(lambda: run_stack(blocks, kwargs), warmup=100, rep=800, return_mode="median")
 
 
 def graph_ms(blocks: list[Block], kwargs: dict[str, Any]) -> tuple[Outputs, float]:
@@ -132,7 +133,9 @@ def profile(blocks: list[Block], kwargs: dict[str, Any], label: str, out: Path) 
 
 
 def compare(outs: Outputs, ref: Outputs) -> dict[str, Any]:
-    equal = all(torch.equal(a, b) for pair, ref_pair in zip(outs, ref, strict=True) for a, b in zip(pair, ref_pair, strict=True))
+    equal = all(
+        torch.equal(a, b) for pair, ref_pair in zip(outs, ref, strict=True) for a, b in zip(pair, ref_pair, strict=True)
+    )
     diff = max(
         (a.float() - b.float()).abs().max().item() for pair, ref_pair in zip(outs, ref, strict=True)
         for a, b in zip(pair, ref_pair, strict=True)
@@ -141,54 +144,69 @@ def compare(outs: Outputs, ref: Outputs) -> dict[str, Any]:
 
 
 def check_seq(
-    seq: int, layers: int, compile_patched: bool, prof_out: Path | None, graphs: bool = False
+    seq: int, layers: int, compile_patched: bool, prof_out: Path | None, graphs: bool = False, rounds: int = 3
 ) -> dict[str, Any]:
+    """Two identical models (same seed): one stays stock (eager, compiled), one is patched (eager,
+    compiled with fullgraph). The modes are then timed in `rounds` interleaved rounds, so a drift of
+    the GPU's clocks over the run hits every mode alike; each mode's time is its median over rounds."""
     import ltx2_transformer as example
+
+    t0 = time.perf_counter()
+
+    def note(what: str) -> None:  # progress on stderr: a run cut short by a timeout still says how far it got
+        print(f"[seq {seq} +{time.perf_counter() - t0:6.1f} s] {what}", file=sys.stderr, flush=True)
 
     args = example.parse_args(["--device", "cuda", "--layers", str(layers), "--seq", str(seq)])
     model = example.build_model(args)
     kwargs = capture_block_inputs(model, example.make_inputs(args))
-    blocks = list(model.transformer_blocks)
-    row: dict[str, Any] = {"seq": seq, "layers": layers, "hidden": args.hidden, "audio_seq": args.audio_seq}
+    stock = list(model.transformer_blocks)
+    patched_model = example.build_model(args)
+    report = xbackend.patch(patched_model)
+    patched = list(patched_model.transformer_blocks)
+    row: dict[str, Any] = {"seq": seq, "layers": layers, "hidden": args.hidden, "audio_seq": args.audio_seq,
+                           "sites": report.counts(), "rounds": rounds}  # fmt: skip
 
-    ref, row["eager_first_s"] = first_call(blocks, kwargs)
-    row["eager_ms"] = bench_ms(blocks, kwargs)
-    if prof_out is not None:
-        row["eager_profile"] = profile(blocks, kwargs, f"eager seq {seq}", prof_out)
-    if graphs:
-        try_graph(row, "eager", blocks, kwargs, ref)
-
-    report = xbackend.patch(model)
-    row["sites"] = report.counts()
-    outs, row["patched_first_s"] = first_call(blocks, kwargs)
-    row["patched_ms"] = bench_ms(blocks, kwargs)
+    note("models built, patched")
+    ref, row["eager_first_s"] = first_call(stock, kwargs)
+    outs, row["patched_first_s"] = first_call(patched, kwargs)
     row["patched"] = compare(outs, ref)
-    if prof_out is not None:
-        row["patched_profile"] = profile(blocks, kwargs, f"patched seq {seq}", prof_out)
-    if graphs:
-        try_graph(row, "patched", blocks, kwargs, ref)
-    if compile_patched:
-        torch._dynamo.reset()
-        compiled = [torch.compile(b, fullgraph=True) for b in blocks]  # xbackend ops: opaque custom ops, no break
-        outs, row["patched_compile_warmup_s"] = first_call(compiled, kwargs)
-        row["patched_compile_ms"] = bench_ms(compiled, kwargs)
-        row["patched_compile"] = compare(outs, ref)
-    xbackend.unpatch(model)
-
+    modes: dict[str, list[Block]] = {"eager": stock, "patched": patched}
     torch._dynamo.reset()
-    compiled = [torch.compile(b) for b in blocks]
+    compiled = [torch.compile(b) for b in stock]
     outs, row["compile_warmup_s"] = first_call(compiled, kwargs)
-    row["compile_ms"] = bench_ms(compiled, kwargs)
-    if prof_out is not None:
-        row["compile_profile"] = profile(compiled, kwargs, f"compile seq {seq}", prof_out)
     row["compile"] = compare(outs, ref)
+    modes["compile"] = compiled
+    note("compiled")
+    if compile_patched:
+        pc = [torch.compile(b, fullgraph=True) for b in patched]  # xbackend ops: opaque custom ops, no break
+        outs, row["patched_compile_warmup_s"] = first_call(pc, kwargs)
+        row["patched_compile"] = compare(outs, ref)
+        modes["patched_compile"] = pc
+        note("patched blocks compiled (fullgraph)")
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    for _ in range(rounds):
+        for name, blocks in modes.items():
+            times[name].append(bench_ms(blocks, kwargs))
+        note(f"round: {', '.join(f'{n} {t[-1]:.2f} ms' for n, t in times.items())}")
+    for name, ts in times.items():
+        row[f"{name}_ms"] = statistics.median(ts)
+        row[f"{name}_rounds_ms"] = ts
+    row["patched_vs_compile_rounds"] = [c / p for c, p in zip(times["compile"], times["patched"], strict=True)]
+    if graphs:
+        try_graph(row, "eager", stock, kwargs, ref)
+        try_graph(row, "patched", patched, kwargs, ref)
+    if prof_out is not None:
+        for name, blocks in modes.items():
+            row[f"{name}_profile"] = profile(blocks, kwargs, f"{name} seq {seq}", prof_out)
 
     row["patched_speedup_vs_eager"] = row["eager_ms"] / row["patched_ms"]
     row["patched_speedup_vs_compile"] = row["compile_ms"] / row["patched_ms"]
     row["bar_met"] = (
-        row["patched"]["bit_identical"] and row["patched_speedup_vs_eager"] >= 1.05 and row["patched_speedup_vs_compile"] >= 1.0
+        row["patched"]["bit_identical"]
+        and row["patched_speedup_vs_eager"] >= 1.05
+        and row["patched_speedup_vs_compile"] >= 1.0
     )
-    del model, blocks, compiled, kwargs, ref, outs
+    del model, patched_model, stock, patched, modes, compiled, kwargs, ref, outs
     torch.cuda.empty_cache()
     return row
 
@@ -220,6 +238,7 @@ def main() -> None:
     p.add_argument("--compile-patched", action="store_true")
     p.add_argument("--profile", action="store_true", help="also write $OUT/patch_profile.txt (torch.profiler)")
     p.add_argument("--graphs", action="store_true", help="also time eager and patched stacks replayed as CUDA graphs")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per mode (median reported)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,7 +253,9 @@ def main() -> None:
     result["diffusers"] = diffusers.__version__
     for seq in (int(s) for s in args.seqs.split(",") if s):
         try:
-            row = check_seq(seq, args.layers, args.compile_patched, out if args.profile else None, args.graphs)
+            row = check_seq(
+                seq, args.layers, args.compile_patched, out if args.profile else None, args.graphs, args.rounds
+            )
         except Exception as exc:  # one failing size must not cost the others' numbers
             row = {"seq": seq, "error": f"{type(exc).__name__}: {exc}"}
             torch.cuda.empty_cache()
