@@ -11,7 +11,7 @@ import torch
 from . import _fastkey
 from . import _runtime as _rt
 from ._device import Device
-from ._opspec import OpSpec
+from ._opspec import OpSpec, register_inference_op
 from ._policy import _POLICY, current_policy
 from ._precision import Output
 from ._runtime import runtime
@@ -25,23 +25,28 @@ _grad_enabled = torch.is_grad_enabled
 
 
 class Op:
-    """A callable abstract op. Eager calls go straight to the runtime's per-key dispatch; under
-    ``torch.compile`` (or when autograd needs to record) the call goes through the op's
-    ``torch.library`` custom op, one opaque node with a fake impl, so graphs never break."""
+    """A callable abstract op. Eager calls go straight to the runtime's per-key dispatch. When autograd
+    needs to record, the call goes through the op's ``torch.library`` custom op (gradients of the
+    reference); under ``torch.compile`` without gradients, through its inference twin
+    ``xbackend::<name>_infer`` (``register_inference_op``). Both are one opaque node with a fake impl,
+    so graphs never break."""
 
-    __slots__ = ("_arity", "_bind", "_custom_op", "_key", "spec")
+    __slots__ = ("_arity", "_bind", "_custom_op", "_infer_op", "_key", "spec")
 
     def __init__(self, spec: OpSpec) -> None:
         self.spec = spec
         self._bind = spec.bind
         self._custom_op = spec.custom_op
+        self._infer_op = register_inference_op(spec)
         self._key = spec.key
         self._arity = spec.positional_arity
 
     def __call__(self, *args: Any, **kwargs: Any) -> Output:
         a = args if not kwargs and len(args) == self._arity else self._bind(*args, **kwargs)
-        if _is_compiling() or (_grad_enabled() and self.spec.needs_grad(a)):
+        if _grad_enabled() and self.spec.needs_grad(a):
             return self._custom_op(*a)
+        if _is_compiling():  # a graph node without custom_op's per-call Python layers (no grad to record)
+            return self._infer_op(*a)
         rt = _rt._current or runtime()
         # The cache-hit path of Runtime.dispatch, inlined: it is most of this op's host cost (issue 2
         # bounds the whole call at 2 µs over the kernel). Anything else goes through dispatch.

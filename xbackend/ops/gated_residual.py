@@ -73,6 +73,7 @@ SPEC = OpSpec(
     key=key,
     example=example,
     custom_op=gated_residual_op,
+    fake=_fake,
     positional_arity=3,
     tensor_args=(0, 1, 2),
     signature="gated_residual(x, update, gate)",

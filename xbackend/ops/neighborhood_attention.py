@@ -222,6 +222,7 @@ SPEC = OpSpec(
     key=key,
     example=example,
     custom_op=neighborhood_attention_op,
+    fake=_fake,
     tensor_args=(0, 1, 2),
     signature="neighborhood_attention(q, k, v, kernel_size, dilation=1, is_causal=False, scale=None)",
     tolerant=True,

@@ -49,15 +49,21 @@ def check(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_wei
     chk.tensor(NAME, "q", q)
     chk.tensor(NAME, "k", k)
     if k.shape != q.shape:
-        raise chk.fail(NAME, "k", f"the shape of 'q' {chk.shape_str(q)} (self-attention; call rmsnorm and "
-                       "rotary_embedding for keys of another length)", chk.shape_str(k))  # fmt: skip
+        shape = ", ".join(map(str, q.shape))
+        raise chk.fail(NAME, "k", f"the shape of 'q' [{shape}] (self-attention; call rmsnorm and rotary_embedding "
+                       "for keys of another length)", chk.shape_str(k))  # fmt: skip
     chk.same_dtype_device(NAME, "k", k, q, "q")
+    if q.shape[-1] == 0:
+        raise chk.fail(NAME, "q", "a last (normalized) dimension of size >= 1", chk.shape_str(q))
     for name, x, w in (("q", q, q_weight), ("k", k, k_weight)):
-        try:
-            _rmsnorm.check(x, w, eps, flavour, op=NAME)
-        except ValueError as e:  # name the weight of q or of k, not a bare 'weight'
-            raise ValueError(str(e).replace("'weight'", f"'{name}_weight'", 1)) from None
-    _rotary.check(q, cos, sin, layout)
+        if w is not None:
+            chk.tensor(NAME, f"{name}_weight", w)
+            if tuple(w.shape) != (x.shape[-1],):
+                raise chk.fail(NAME, f"{name}_weight", f"shape [{x.shape[-1]}] (the last dim of '{name}')", chk.shape_str(w))
+            chk.same_dtype_device(NAME, f"{name}_weight", w, x, name)
+    chk.real_number(NAME, "eps", eps, minimum=0.0)
+    chk.choice(NAME, "flavour", flavour, _rmsnorm.FLAVOURS)
+    _rotary.check(q, cos, sin, layout, op=NAME, x_name="q")
 
 
 # -- reference -----------------------------------------------------------------------------------
@@ -117,6 +123,7 @@ SPEC = OpSpec(
     key=key,
     example=example,
     custom_op=qk_norm_rope_op,
+    fake=_fake,
     positional_arity=9,
     tensor_args=(0, 1, 2, 3, 4, 5),
     signature='qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", layout="interleaved")',

@@ -95,6 +95,7 @@ SPEC = OpSpec(
     key=key,
     example=example,
     custom_op=rmsnorm_op,
+    fake=_fake,
     positional_arity=4,
     tensor_args=(0, 1),
     signature='rmsnorm(x, weight=None, eps=1e-6, flavour="torch")',

@@ -85,6 +85,7 @@ SPEC = OpSpec(
     key=key,
     example=example,
     custom_op=rmsnorm_modulate_op,
+    fake=_fake,
     positional_arity=6,
     tensor_args=(0, 1, 2, 3),
     signature='rmsnorm_modulate(x, scale, shift, weight=None, eps=1e-6, flavour="torch")',

@@ -31,28 +31,28 @@ def bind(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "i
     return (x, cos, sin, layout)
 
 
-def check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> None:
-    chk.tensor(NAME, "x", x)
-    chk.choice(NAME, "layout", layout, LAYOUTS)
+def check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, op: str = NAME, x_name: str = "x") -> None:
+    chk.tensor(op, x_name, x)
+    chk.choice(op, "layout", layout, LAYOUTS)
     if x.shape[-1] % 2:
-        raise chk.fail(NAME, "x", "an even last dim (channels rotate in pairs)", chk.shape_str(x))
-    chk.tensor(NAME, "cos", cos)
-    chk.tensor(NAME, "sin", sin)
+        raise chk.fail(op, x_name, "an even last dim (channels rotate in pairs)", chk.shape_str(x))
+    chk.tensor(op, "cos", cos)
+    chk.tensor(op, "sin", sin)
     for name, t in (("cos", cos), ("sin", sin)):
         if t.device != x.device:
-            raise chk.fail(NAME, name, f"device {x.device} (same as 'x')", t.device)
+            raise chk.fail(op, name, f"device {x.device} (same as '{x_name}')", t.device)
     if sin.shape != cos.shape:
-        raise chk.fail(NAME, "sin", f"the shape of 'cos' [{', '.join(map(str, cos.shape))}]", chk.shape_str(sin))
+        raise chk.fail(op, "sin", f"the shape of 'cos' [{', '.join(map(str, cos.shape))}]", chk.shape_str(sin))
     if layout == "interleaved":
-        chk.broadcasts_to(NAME, "cos", cos, x.shape, "x")
+        chk.broadcasts_to(op, "cos", cos, x.shape, x_name)
         return
     half = x.shape[-1] // 2
     if x.dim() != 4 and cos.dim() == 4:
         b, h, t, r = cos.shape
         if tuple(x.shape) != (b, t, h * 2 * r):
-            raise chk.fail(NAME, "x", f"shape [{b}, {t}, {h * 2 * r}] for a [B, H, T, D/2] cos", chk.shape_str(x))
+            raise chk.fail(op, x_name, f"shape [{b}, {t}, {h * 2 * r}] for a [B, H, T, D/2] cos", chk.shape_str(x))
         return
-    chk.broadcasts_to(NAME, "cos", cos, (*x.shape[:-1], half), "x's leading dims and D/2")
+    chk.broadcasts_to(op, "cos", cos, (*x.shape[:-1], half), f"{x_name}'s leading dims and D/2")
 
 
 # -- reference -----------------------------------------------------------------------------------
@@ -124,6 +124,7 @@ SPEC = OpSpec(
     key=key,
     example=example,
     custom_op=rotary_embedding_op,
+    fake=_fake,
     positional_arity=4,
     tensor_args=(0, 1, 2),
     signature='rotary_embedding(x, cos, sin, layout="interleaved")',
