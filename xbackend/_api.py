@@ -37,7 +37,7 @@ class Op:
         self.spec = spec
         self._bind = spec.bind
         self._custom_op = spec.custom_op
-        self._infer_op = register_inference_op(spec)
+        self._infer_op = register_inference_op(spec, self)  # at run time, the graph node calls back here
         self._key = spec.key
         self._arity = spec.positional_arity
 

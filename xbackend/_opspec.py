@@ -81,30 +81,37 @@ def describe_args(args: tuple[Any, ...]) -> str:
 _INFER_LIB: torch.library.Library | None = None
 
 
-def register_inference_op(spec: OpSpec) -> Callable[..., Output]:
+def register_inference_op(spec: OpSpec, call: Callable[..., Output] | None = None) -> Callable[..., Output]:
     """``xbackend::<name>_infer``: the op again, for calls that need no gradient under ``torch.compile``.
 
-    Same schema and fake impl as ``spec.custom_op``, one kernel at CompositeExplicitAutograd that
-    dispatches, and nothing else: ``torch.library.custom_op`` wraps every call in Python autograd,
-    aliasing and device layers that cost ~8-10 µs of host time per call (measured on CPU), which a
-    compiled DiT block with ~40 xbackend calls pays on every step. Outputs never alias inputs (every
-    impl and reference allocates its result), which the schema's lack of alias annotations promises.
-    Returns the op overload to call; ``spec.custom_op`` when the spec has no fake impl.
+    Same schema and fake impl as ``spec.custom_op``, one kernel at CompositeExplicitAutograd that runs
+    ``call`` (the op's eager entry point: its cached dispatch; the runtime's ``dispatch`` when None),
+    and nothing else: ``torch.library.custom_op`` wraps every call in Python autograd, aliasing and
+    device layers that cost ~14 µs of host time per call (measured on CPU), which a compiled DiT block
+    with ~40 xbackend calls pays on every step. Outputs never alias inputs (every impl and reference
+    allocates its result), which the schema's lack of alias annotations promises. Returns the op
+    overload to call; ``spec.custom_op`` when the spec has no fake impl.
     """
     global _INFER_LIB
     if spec.fake is None:
         return spec.custom_op
     if _INFER_LIB is None:
         _INFER_LIB = torch.library.Library("xbackend", "FRAGMENT")  # a module global: the registrations live with it
-    schema = str(getattr(torch.ops.xbackend, spec.name).default._schema)
+    schema = getattr(torch.ops.xbackend, spec.name).default._schema
     name = f"{spec.name}_infer"
-    _INFER_LIB.define(schema.replace(f"xbackend::{spec.name}(", f"{name}(", 1))
-
-    def kernel(*args: Any) -> Output:
+    _INFER_LIB.define(str(schema).replace(f"xbackend::{spec.name}(", f"{name}(", 1))
+    if call is None:
         from ._runtime import dispatch
 
+        def call(*args: Any) -> Output:
+            return dispatch(spec, args)
+
+    if any(isinstance(a.type, torch.ListType) for a in schema.arguments):
         # The dispatcher hands int[]/bool[] arguments over as lists; bound arguments (and keys) hold tuples.
-        return dispatch(spec, tuple([tuple(a) if type(a) is list else a for a in args]))
+        def kernel(*args: Any) -> Output:
+            return call(*[tuple(a) if type(a) is list else a for a in args])
+    else:
+        kernel = call
 
     _INFER_LIB.impl(name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(f"xbackend::{name}", spec.fake, lib=_INFER_LIB)
