@@ -134,6 +134,26 @@ def test_transformer_patched_is_bit_identical(variant: str, dtype: torch.dtype, 
     assert_equal(run(model, isolated), expected_isolated)
 
 
+def test_qk_fusion_steps_aside_for_hooks_and_wrappers(op_calls: dict[str, int]) -> None:
+    """norm_q/norm_k are skipped by the fused q/k path; a hook or a forward wrapper added to them after
+    patch() must still run, so those calls take the norms as written (same bits either way)."""
+    model = build_transformer("ltx2.0", torch.float32)
+    inputs = transformer_inputs("ltx2.0", torch.float32)
+    expected = run(model, inputs)
+    xbackend.patch(model)
+    attn = model.transformer_blocks[0].attn1
+    seen: list[str] = []
+    handle = attn.norm_q.register_forward_hook(lambda *_: seen.append("hook"))
+    assert_equal(run(model, inputs), expected)
+    assert seen and op_calls["qk_norm_rope"] == TRANSFORMER_CONFIG["num_layers"] * 2 - 1
+    handle.remove()
+    inner = attn.norm_k.forward
+    attn.norm_k.forward = lambda x: (seen.append("wrapper"), inner(x))[1]  # what accelerate's hooks do
+    op_calls["qk_norm_rope"] = 0
+    assert_equal(run(model, inputs), expected)
+    assert "wrapper" in seen and op_calls["qk_norm_rope"] == TRANSFORMER_CONFIG["num_layers"] * 2 - 1
+
+
 @pytest.mark.parametrize("variant", ["ltx2.0", "ltx2.3"])
 def test_transformer_report_lists_every_site(variant: str) -> None:
     model = build_transformer(variant)

@@ -148,6 +148,15 @@ def hookless(module: nn.Module) -> bool:
     )
 
 
+def hookless_now(module: nn.Module) -> bool:
+    """``hookless`` for a check made on every call, in code torch.compile traces. Dynamo (torch 2.11)
+    cannot read the mark on xbackend's own installed ``forward``, so it would take every patched
+    module for a foreign wrapper; while tracing, the wrapper check is the one made at patch time."""
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
+        return False
+    return torch.compiler.is_compiling() or not foreign_override(module, "forward")
+
+
 # -- run-time checks: when is the fused op the same expression? --------------------------------------
 # These mirror the ops' argument checks (xbackend/ops/*.py): where one would raise, the patched code
 # runs the model's own expression instead, so a patched model never fails where the stock one works.

@@ -35,6 +35,7 @@ from ._common import (
     foreign_override,
     gated,
     hookless,
+    hookless_now,
     install,
     mark,
     norm_modulate,
@@ -501,8 +502,8 @@ class XbackendLTX2AttnProcessor:
             # element-wise: dynamo cannot trace `is` between two tuples
             and (key_rotary_emb is None or (key_rotary_emb[0] is query_rotary_emb[0] and key_rotary_emb[1] is query_rotary_emb[1]))
             and self.qk_norms == (attn.norm_q, attn.norm_k)
-            and hookless(attn.norm_q)
-            and hookless(attn.norm_k)
+            and hookless_now(attn.norm_q)
+            and hookless_now(attn.norm_k)
         ):
             fused = qk_norm_rope(attn.norm_q, attn.norm_k, self.qk_flavour, query, key, query_rotary_emb)
         if fused is not None:
