@@ -126,7 +126,7 @@ def profile(blocks: list[Block], kwargs: dict[str, Any], label: str, out: Path) 
         wall_ms = (time.perf_counter() - start) * 1e3 / 3
     events = prof.key_averages()
     kernel_ms = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / 1e3 / 3
-    table = events.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=70)
+    table = events.table(sort_by="self_cuda_time_total", row_limit=28, max_name_column_width=70)
     with (out / "patch_profile.txt").open("a") as f:
         f.write(f"== {label}: wall {wall_ms:.2f} ms/stack (profiled), GPU kernels {kernel_ms:.2f} ms/stack\n{table}\n")
     return {"profiled_wall_ms": wall_ms, "kernel_ms": kernel_ms}
