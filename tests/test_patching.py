@@ -154,6 +154,36 @@ def test_qk_fusion_steps_aside_for_hooks_and_wrappers(op_calls: dict[str, int]) 
     assert "wrapper" in seen and op_calls["qk_norm_rope"] == TRANSFORMER_CONFIG["num_layers"] * 2 - 1
 
 
+@pytest.mark.parametrize("wrap_before_patch", [True, False])
+def test_compiled_qk_fusion_keeps_a_forward_wrapper(wrap_before_patch: bool) -> None:
+    """The fused q/k path must not skip a wrapper on norm_k in a compiled block either (the per-call check
+    is traced: it compares the instance's forward with the one patch() installed)."""
+    model = build_transformer("ltx2.3", torch.float32)
+    inputs = transformer_inputs("ltx2.3", torch.float32)
+    captured: dict[str, Any] = {}
+    block = model.transformer_blocks[0]
+    handle = block.register_forward_pre_hook(lambda _m, _a, kw: captured.update(kw), with_kwargs=True)
+    run(model, inputs)
+    handle.remove()
+
+    def wrap() -> None:
+        inner = block.attn1.norm_k.forward
+        block.attn1.norm_k.forward = lambda x: inner(x) * 2  # a wrapper that changes the result
+
+    if wrap_before_patch:
+        wrap()
+    report = xbackend.patch(model)
+    if not wrap_before_patch:
+        wrap()
+    detail = next(s.detail for s in report.sites if s.kind == "rotary_embedding" and s.path == "transformer_blocks.0.attn1")
+    assert ("not fused" in detail) == wrap_before_patch
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = block(**captured)
+        compiled = torch.compile(block, fullgraph=True, backend="eager")(**captured)
+    assert_equal(compiled, eager)
+
+
 @pytest.mark.parametrize("variant", ["ltx2.0", "ltx2.3"])
 def test_transformer_report_lists_every_site(variant: str) -> None:
     model = build_transformer(variant)

@@ -37,7 +37,7 @@ class Op:
         self.spec = spec
         self._bind = spec.bind
         self._custom_op = spec.custom_op
-        self._infer_op = register_inference_op(spec, self)  # at run time, the graph node calls back here
+        self._infer_op = register_inference_op(spec, self._eager)  # at run time, the graph node runs _eager
         self._key = spec.key
         self._arity = spec.positional_arity
 
@@ -47,6 +47,12 @@ class Op:
             return self._custom_op(*a)
         if _is_compiling():  # a graph node without custom_op's per-call Python layers (no grad to record)
             return self._infer_op(*a)
+        return self._eager(*a)
+
+    def _eager(self, *a: Any) -> Output:
+        """Run on real tensors now: the verified impl for this key, or the runtime's dispatch. Also the
+        kernel of the inference op, which must not route back to itself while a compile is under way
+        (torch.compiler.is_compiling() stays true for a whole compile or export session)."""
         rt = _rt._current or runtime()
         # The cache-hit path of Runtime.dispatch, inlined: it is most of this op's host cost (issue 2
         # bounds the whole call at 2 µs over the kernel). Anything else goes through dispatch.

@@ -10,7 +10,7 @@ import torch
 
 from ._precision import Output, Precision, compare
 
-__all__ = ["OpSpec", "describe_args", "register_inference_op", "register_reference_autograd", "tensor_sig"]
+__all__ = ["OpSpec", "contiguous", "describe_args", "register_inference_op", "register_reference_autograd", "tensor_sig"]
 
 
 def tensor_sig(t: torch.Tensor | None) -> tuple[Any, ...] | None:
@@ -79,6 +79,8 @@ def describe_args(args: tuple[Any, ...]) -> str:
 
 
 _INFER_LIB: torch.library.Library | None = None
+_INFER_OPS: dict[str, Any] = {}  # name -> the registered overload
+_INFER_CALLS: dict[str, Callable[..., Output]] = {}  # name -> what its kernel runs (the latest Op's _eager)
 
 
 def register_inference_op(spec: OpSpec, call: Callable[..., Output] | None = None) -> Callable[..., Output]:
@@ -95,10 +97,14 @@ def register_inference_op(spec: OpSpec, call: Callable[..., Output] | None = Non
     global _INFER_LIB
     if spec.fake is None:
         return spec.custom_op
+    name = f"{spec.name}_infer"
+    existing = _INFER_OPS.get(name)
+    if existing is not None:  # a second Op for the spec (a reloaded module): one registration per process
+        _INFER_CALLS[name] = call
+        return existing
     if _INFER_LIB is None:
         _INFER_LIB = torch.library.Library("xbackend", "FRAGMENT")  # a module global: the registrations live with it
     schema = getattr(torch.ops.xbackend, spec.name).default._schema
-    name = f"{spec.name}_infer"
     _INFER_LIB.define(str(schema).replace(f"xbackend::{spec.name}(", f"{name}(", 1))
     if call is None:
         from ._runtime import dispatch
@@ -106,16 +112,27 @@ def register_inference_op(spec: OpSpec, call: Callable[..., Output] | None = Non
         def call(*args: Any) -> Output:
             return dispatch(spec, args)
 
-    if any(isinstance(a.type, torch.ListType) for a in schema.arguments):
-        # The dispatcher hands int[]/bool[] arguments over as lists; bound arguments (and keys) hold tuples.
-        def kernel(*args: Any) -> Output:
-            return call(*[tuple(a) if type(a) is list else a for a in args])
-    else:
-        kernel = call
+    _INFER_CALLS[name] = call
+    lists = any(isinstance(a.type, torch.ListType) for a in schema.arguments)
+
+    def kernel(*args: Any) -> Output:
+        if lists:  # the dispatcher hands int[]/bool[] over as lists; bound arguments (and keys) hold tuples
+            args = tuple([tuple(a) if type(a) is list else a for a in args])
+        return contiguous(_INFER_CALLS[name](*args))
 
     _INFER_LIB.impl(name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(f"xbackend::{name}", spec.fake, lib=_INFER_LIB)
-    return getattr(torch.ops.xbackend, name).default
+    _INFER_OPS[name] = getattr(torch.ops.xbackend, name).default
+    return _INFER_OPS[name]
+
+
+def contiguous(out: Output) -> Output:
+    """``out`` with every tensor contiguous (a no-op for contiguous ones): what the fake impls promise
+    the compiler. A reference can return strided results (a transposed input through the diffusers
+    RMSNorm), and a compiled graph checks the strides it was promised."""
+    if isinstance(out, torch.Tensor):
+        return out if out.is_contiguous() else out.contiguous()
+    return type(out)(t if t.is_contiguous() else t.contiguous() for t in out)
 
 
 def register_reference_autograd(custom_op: Any, reference: Callable[..., Output], tensor_args: tuple[int, ...]) -> None:

@@ -144,3 +144,14 @@ def test_gpu_no_weight_and_8_warps_are_bit_exact(flavour: str) -> None:
         got = K.qk_norm_rope(*args, EPS, flavour, num_warps=warps)
         for out, ref in zip(got, reference(*args, EPS, flavour, "interleaved"), strict=True):
             assert torch.equal(out, ref)
+
+
+def test_strided_weights_and_many_stride_freqs_are_refused_with_a_reason() -> None:
+    q, k, _, wk, cos, sin = _inputs((2, 3, 16), torch.float32)
+    w2 = torch.randn(32, device=DEVICE)[::2]
+    assert "weight is not contiguous" in K.supports(q, k, w2, wk, cos, sin, EPS, "torch", "interleaved")
+    assert "weight is not contiguous" in triton_rmsnorm.supports_rmsnorm(q, w2, EPS, "torch")
+    # the same answer for meta tensors (plans for other devices) as for real ones, and no copy of cos
+    qm = torch.empty(2, 3, 4, 16, device="meta")
+    cm = torch.empty(4, 3, 2, 16, device="meta").permute(2, 1, 0, 3)
+    assert "more than two strides" in K.supports(qm, qm, None, None, cm, cm, EPS, "torch", "interleaved")

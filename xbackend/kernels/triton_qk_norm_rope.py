@@ -166,9 +166,10 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.
             return "cos/sin broadcasting would grow q"
     except RuntimeError:
         return "cos/sin do not broadcast to q"
-    te, inner, s_outer, s_inner, s_col = rms._bcast_layout(cos, q.shape)
-    if te.data_ptr() != cos.data_ptr() or (q.shape[-1] > 1 and s_col != 1):
+    f_lay = rms._bcast_layout(cos, q.shape, copy=False)
+    if f_lay is None or (q.shape[-1] > 1 and f_lay[4] != 1):
         return "cos/sin rows need more than two strides or a non-unit column stride"
+    _, inner, s_outer, s_inner, _ = f_lay
     sq, sk = _row_stride(q), _row_stride(k)
     if sq is None or sk is None:
         return "q/k rows are not one strided view with a contiguous last dim"
@@ -195,9 +196,10 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.
 
 def _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_warps=None) -> _Plan | str:
     # Shapes, strides and dtypes fix the plan, so the analysis runs once per geometry.
-    key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), None if q_weight is None else rms._meta(q_weight),
-           None if k_weight is None else rms._meta(k_weight), cos.shape, cos.stride(), cos.dtype, cos.device,
-           sin.shape, sin.stride(), sin.dtype, eps, flavour, layout, num, num_warps)  # fmt: skip
+    key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+           None if q_weight is None else rms._meta(q_weight), None if k_weight is None else rms._meta(k_weight),
+           cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
+           eps, flavour, layout, num, num_warps)  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
         plan = _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_warps)

@@ -573,11 +573,14 @@ def _rows_of(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
-def _bcast_layout(t: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, int, int, int, int]:
+def _bcast_layout(
+    t: torch.Tensor, shape: torch.Size, copy: bool = True
+) -> tuple[torch.Tensor, int, int, int, int] | None:
     """(tensor, inner, outer stride, inner stride, column stride) addressing t broadcast to shape.
 
     Row r of the [M, D] view maps to (r // inner) * s_outer + (r % inner) * s_inner; every listed
     broadcast form ([D], [1,..,1,D], [B,1,D], [B,L,D], [B,1,1,1,D]) needs at most two such groups.
+    Other layouts: a contiguous copy of t broadcast to shape, or None when ``copy`` is False.
     """
     te = t.expand(shape)
     lead = list(zip(shape[:-1], te.stride()[:-1], strict=True))
@@ -591,6 +594,8 @@ def _bcast_layout(t: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, int
             groups.append([size, stride])
     m = math.prod(shape[:-1])
     if len(groups) > 2:
+        if not copy:
+            return None
         tc = te.contiguous()
         return tc, max(m, 1), 0, shape[-1], 1
     if not groups:
@@ -617,6 +622,8 @@ def _check_common(x: torch.Tensor, weight: torch.Tensor | None, flavour: str) ->
             return "weight is not [D]"
         if weight.device != x.device:
             return "weight on another device"
+        if x.shape[-1] > 1 and weight.stride(0) != 1:
+            return "weight is not contiguous (the kernels read it with unit stride)"
     return None
 
 

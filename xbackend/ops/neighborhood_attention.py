@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, register_reference_autograd, tensor_sig
+from .._opspec import OpSpec, contiguous, register_reference_autograd, tensor_sig
 from .._precision import Precision, compare
 
 NAME = "neighborhood_attention"
@@ -203,7 +203,7 @@ def neighborhood_attention_op(
 ) -> torch.Tensor:
     from .._runtime import dispatch
 
-    return dispatch(SPEC, (q, k, v, tuple(kernel_size), tuple(dilation), tuple(is_causal), scale))
+    return contiguous(dispatch(SPEC, (q, k, v, tuple(kernel_size), tuple(dilation), tuple(is_causal), scale)))  # the layout the fake impl promises
 
 
 @neighborhood_attention_op.register_fake

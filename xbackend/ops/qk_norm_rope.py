@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, register_reference_autograd
+from .._opspec import OpSpec, contiguous, register_reference_autograd
 from . import rmsnorm as _rmsnorm
 from . import rotary_embedding as _rotary
 
@@ -100,7 +100,7 @@ def qk_norm_rope_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | N
                     layout: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     from .._runtime import dispatch
 
-    q_out, k_out = dispatch(SPEC, (q, k, q_weight, k_weight, cos, sin, eps, flavour, layout))
+    q_out, k_out = contiguous(dispatch(SPEC, (q, k, q_weight, k_weight, cos, sin, eps, flavour, layout)))
     return q_out, k_out
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _checks as chk
-from .._opspec import OpSpec, register_reference_autograd
+from .._opspec import OpSpec, contiguous, register_reference_autograd
 
 NAME = "rmsnorm"
 FLAVOURS = ("torch", "diffusers")
@@ -76,7 +76,7 @@ def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
 def rmsnorm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
     from .._runtime import dispatch
 
-    return dispatch(SPEC, (x, weight, eps, flavour))
+    return contiguous(dispatch(SPEC, (x, weight, eps, flavour)))  # the layout the fake impl promises
 
 
 @rmsnorm_op.register_fake

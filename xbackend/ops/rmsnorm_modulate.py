@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, register_reference_autograd
+from .._opspec import OpSpec, contiguous, register_reference_autograd
 from . import rmsnorm as _rmsnorm
 
 NAME = "rmsnorm_modulate"
@@ -66,7 +66,7 @@ def rmsnorm_modulate_op(
 ) -> torch.Tensor:
     from .._runtime import dispatch
 
-    return dispatch(SPEC, (x, scale, shift, weight, eps, flavour))
+    return contiguous(dispatch(SPEC, (x, scale, shift, weight, eps, flavour)))  # the layout the fake impl promises
 
 
 @rmsnorm_modulate_op.register_fake

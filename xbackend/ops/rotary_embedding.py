@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, register_reference_autograd
+from .._opspec import OpSpec, contiguous, register_reference_autograd
 
 NAME = "rotary_embedding"
 LAYOUTS = ("interleaved", "split")
@@ -105,7 +105,7 @@ def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
 def rotary_embedding_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
     from .._runtime import dispatch
 
-    return dispatch(SPEC, (x, cos, sin, layout))
+    return contiguous(dispatch(SPEC, (x, cos, sin, layout)))  # the layout the fake impl promises
 
 
 @rotary_embedding_op.register_fake

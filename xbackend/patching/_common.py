@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module_mod
 
 from .._api import get_op
 
@@ -121,13 +122,29 @@ def foreign_override(module: nn.Module, attr: str) -> bool:
     return not (stock and value.__func__ is getattr(type(module), attr, None))
 
 
+def _installed_key(attr: str) -> str:
+    return f"_xbackend_installed_{attr}"
+
+
 def install(module: nn.Module, attr: str, fn: Callable[..., Any]) -> None:
     # A bound method in the instance dict shadows the class attribute; deleting it restores the class's.
-    object.__setattr__(module, attr, types.MethodType(fn, module))
+    bound = types.MethodType(fn, module)
+    object.__setattr__(module, attr, bound)
+    # The bound method itself, beside it: a per-call check compares identities (see ours_or_stock).
+    object.__setattr__(module, _installed_key(attr), bound)
 
 
 def uninstall(module: nn.Module, attr: str) -> None:
     object.__delattr__(module, attr)
+    module.__dict__.pop(_installed_key(attr), None)
+
+
+def ours_or_stock(module: nn.Module, attr: str) -> bool:
+    """``attr`` on this instance is the class's or the one `install` put there: nothing wraps it. Two
+    identity checks on the instance dict, which torch.compile traces (torch 2.11's dynamo cannot read
+    the mark on our function, which ``foreign_override`` needs)."""
+    value = module.__dict__.get(attr)
+    return value is None or value is module.__dict__.get(_installed_key(attr))
 
 
 def same_parameters(ours: Callable[..., Any], theirs: Callable[..., Any]) -> bool:
@@ -149,12 +166,15 @@ def hookless(module: nn.Module) -> bool:
 
 
 def hookless_now(module: nn.Module) -> bool:
-    """``hookless`` for a check made on every call, in code torch.compile traces. Dynamo (torch 2.11)
-    cannot read the mark on xbackend's own installed ``forward``, so it would take every patched
-    module for a foreign wrapper; while tracing, the wrapper check is the one made at patch time."""
-    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
+    """``hookless`` for a check made on every call, in code torch.compile traces: no hooks on the module
+    or registered globally (``register_module_forward_hook``), and a ``forward`` that is the class's or
+    xbackend's own."""
+    if (
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+        or _module_mod._global_forward_hooks or _module_mod._global_forward_pre_hooks
+    ):  # fmt: skip
         return False
-    return torch.compiler.is_compiling() or not foreign_override(module, "forward")
+    return ours_or_stock(module, "forward")
 
 
 # -- run-time checks: when is the fused op the same expression? --------------------------------------
@@ -256,9 +276,11 @@ def qk_norm_rope(
     wq, wk = norm_q.weight, norm_k.weight
     if (
         query.shape != key.shape
+        or not _like(key, query)
         or (wq is None) != (wk is None)
+        or norm_q.eps != norm_k.eps
         or not (can_rmsnorm(query, wq) and can_rmsnorm(key, wk) and can_rope(query, cos, sin))
-        or (flavour == "torch" and query.shape[-1] != norm_q.normalized_shape[0])
+        or (flavour == "torch" and not query.shape[-1] == norm_q.normalized_shape[0] == norm_k.normalized_shape[0])
     ):
         return None
     return _QK_NORM_ROPE(query, key, wq, wk, cos, sin, norm_q.eps, flavour, "interleaved")
@@ -270,6 +292,8 @@ def qk_fusion_flavour(norm_q: nn.Module, norm_k: nn.Module) -> tuple[str | None,
     fk, why_k = rmsnorm_flavour(norm_k)
     if fq is None or fk is None:
         return None, f"q/k norms not fused: {why_q if fq is None else why_k}"
+    if foreign_override(norm_q, "forward") or foreign_override(norm_k, "forward"):
+        return None, "q/k norms not fused: a norm's forward is replaced on the instance (a hook wrapper?)"
     if fq != fk or norm_q.eps != norm_k.eps:
         return None, "q/k norms not fused: their flavours or eps differ"
     if (norm_q.weight is None) != (norm_k.weight is None):
