@@ -39,18 +39,6 @@ EPS = 1e-6
 
 
 @triton.jit
-def _torch_stat(
-    x, R: tl.constexpr, KK: tl.constexpr, A: tl.constexpr, B: tl.constexpr, LANES: tl.constexpr, D: tl.constexpr
-):
-    """aten's vectorized-kernel sum of squares / D over x [A, R, K, B] fp32 -> [R]."""
-    xs = tl.permute(x, (1, 0, 2, 3))  # [R, A, K, B]
-    acc = K._fold(tl.reshape(xs, [R, A, KK * B]), tl.zeros([R, A], tl.float32), True)
-    acc = K._tree(tl.reshape(acc, [R, A // LANES, LANES]), LANES, False)
-    tot = tl.reshape(K._tree(tl.reshape(acc, [R, 1, A // LANES]), A // LANES, False), [R])
-    return tl.div_rn(tot, tl.full([R], D, tl.float32))
-
-
-@triton.jit
 def _row_out(
     xraw,
     rr,
@@ -74,7 +62,9 @@ def _row_out(
         tl.store(out_ptr + rr * D + cols, xraw, mask=mask)
     else:
         x = xraw.to(tl.float32)
-        rstd = K._rsqrt(_torch_stat(x, R, KK, A, B, LANES, D) + eps, RSQRT)[None, :, None, None]
+        # the production kernels' statistic: torch flavour, tile [A, R, K, B] (ARR_ARKB)
+        stat = K._row_stat(x, 1.0, D, 0, R, KK, A, B, True, K.ARR_ARKB, LANES, A, 1, False, True)
+        rstd = K._rsqrt(stat + eps, RSQRT)[None, :, None, None]
         if W_EARLY:
             w = w_early.to(tl.float32)
         else:

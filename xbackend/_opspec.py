@@ -83,11 +83,11 @@ _INFER_OPS: dict[str, Any] = {}  # name -> the registered overload
 _INFER_CALLS: dict[str, Callable[..., Output]] = {}  # name -> what its kernel runs (the latest Op's _eager)
 
 
-def register_inference_op(spec: OpSpec, call: Callable[..., Output] | None = None) -> Callable[..., Output]:
+def register_inference_op(spec: OpSpec, call: Callable[..., Output]) -> Callable[..., Output]:
     """``xbackend::<name>_infer``: the op again, for calls that need no gradient under ``torch.compile``.
 
     Same schema and fake impl as ``spec.custom_op``, one kernel at CompositeExplicitAutograd that runs
-    ``call`` (the op's eager entry point: its cached dispatch; the runtime's ``dispatch`` when None),
+    ``call`` (the op's eager entry point: ``Op._eager``, its cached dispatch),
     and nothing else: ``torch.library.custom_op`` wraps every call in Python autograd, aliasing and
     device layers that cost ~14 µs of host time per call (measured on CPU), which a compiled DiT block
     with ~40 xbackend calls pays on every step. Outputs never alias inputs (every impl and reference
@@ -106,12 +106,6 @@ def register_inference_op(spec: OpSpec, call: Callable[..., Output] | None = Non
         _INFER_LIB = torch.library.Library("xbackend", "FRAGMENT")  # a module global: the registrations live with it
     schema = getattr(torch.ops.xbackend, spec.name).default._schema
     _INFER_LIB.define(str(schema).replace(f"xbackend::{spec.name}(", f"{name}(", 1))
-    if call is None:
-        from ._runtime import dispatch
-
-        def call(*args: Any) -> Output:
-            return dispatch(spec, args)
-
     _INFER_CALLS[name] = call
     lists = any(isinstance(a.type, torch.ListType) for a in schema.arguments)
 

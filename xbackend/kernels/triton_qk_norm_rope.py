@@ -25,6 +25,7 @@ import triton.language as tl
 
 from xbackend.kernels import triton_rmsnorm as rms
 from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.triton_rotary import _row_view
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -122,23 +123,11 @@ class _Plan(NamedTuple):
     f_layout: tuple[int, int, int]  # (inner, outer stride, inner stride) of cos/sin over q's rows
     consts: tuple  # eps (fp32), factor, then the constexprs in signature order
     num_warps: int
-    align: int  # torch flavour: bytes q, k and the weights must be aligned to (aten vectorizes only then)
+    check_alignment: bool  # torch flavour: aten vectorizes only 4-element aligned q, k and weights
 
 
 _PLANS: dict[tuple, _Plan | str] = {}
 _MAX_PLANS = 4096
-
-
-def _row_stride(x: torch.Tensor) -> int | None:
-    """The row stride of x as [rows, D] with unit column stride, or None if it is not one view."""
-    d = x.shape[-1]
-    try:
-        v = x.view(-1, d)
-    except RuntimeError:
-        return None
-    if d > 1 and v.stride(1) != 1:
-        return None
-    return v.stride(0) if v.shape[0] > 1 else d
 
 
 def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.Numerics,
@@ -170,28 +159,19 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.
     if f_lay is None or (q.shape[-1] > 1 and f_lay[4] != 1):
         return "cos/sin rows need more than two strides or a non-unit column stride"
     _, inner, s_outer, s_inner, _ = f_lay
-    sq, sk = _row_stride(q), _row_stride(k)
+    sq, sk = _row_view(q, q.shape), _row_view(k, k.shape)
     if sq is None or sk is None:
         return "q/k rows are not one strided view with a contiguous last dim"
     d = q.shape[-1]
     m = q.numel() // max(d, 1)
-    if flavour == "torch":
-        plan = rms._torch_plan(d, num)
-        factor = 1.0
-        align = rms._TORCH_VEC * q.element_size()
-    else:
-        plan = rms._mean_plan(max(m, 1), d, num)
-        assert not isinstance(plan, str)  # _exact_reason said yes
-        factor = rms._mean_factor(max(m, 1), d)
-        align = 0
+    plan, factor, r, warps = rms._exact_schedule(m, d, flavour, num, None, num_warps)
     if plan.b % 2:
         return "tile vectors of odd width (D < 2)"
-    r = rms._default_rows(plan.k * plan.a * plan.b)
-    warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
     consts = (rms._f32(eps), factor, d, rms.FLAVOURS.index(flavour), q_weight is not None, r, plan.k, plan.a,
               plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing, num.mean_x_first,
               num.rsqrt)  # fmt: skip
-    return _Plan((triton.cdiv(m, r),), m, sq, sk, (inner, s_outer, s_inner), consts, warps, align)
+    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), (inner, s_outer, s_inner), consts, warps,
+                 flavour == "torch")  # fmt: skip
 
 
 def _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_warps=None) -> _Plan | str:
@@ -227,11 +207,8 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", 
     )
     if isinstance(plan, str):
         raise ValueError(f"triton qk_norm_rope: {plan}")
-    if plan.align:
-        for t in (q, k, q_weight, k_weight):
-            # aten makes a non-contiguous input contiguous (a fresh, aligned buffer) before it checks
-            if t is not None and t.is_contiguous() and t.data_ptr() % plan.align:
-                raise rms.NotVectorizable(f"triton qk_norm_rope: {rms._ALIGN_REASON}")
+    if plan.check_alignment and not (rms._aten_vectorizes(q, q_weight) and rms._aten_vectorizes(k, k_weight)):
+        raise rms.NotVectorizable(f"triton qk_norm_rope: {rms._ALIGN_REASON}")
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
     if plan.rows == 0 or q.shape[-1] == 0:

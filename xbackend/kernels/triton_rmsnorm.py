@@ -776,6 +776,24 @@ def _default_warps(elems: int) -> int:
     return max(1, min(8, _next_pow2(max(1, elems // 1024))))
 
 
+def _exact_schedule(
+    m: int, d: int, flavour: str, num: Numerics, rows_per_program: int | None, num_warps: int | None
+) -> tuple[_Plan, float, int, int]:
+    """(tile plan, statistic factor, rows per program, warps) of the exact kernels for [m, d] rows
+    whose ``_exact_reason`` is None (also the q/k norm + RoPE kernel's)."""
+    if flavour == "torch":
+        plan, factor = _torch_plan(d, num), 1.0
+    else:
+        plan = _mean_plan(max(m, 1), d, num)
+        assert not isinstance(plan, str)
+        factor = _mean_factor(max(m, 1), d)
+    rows = rows_per_program or _default_rows(plan.k * plan.a * plan.b)
+    # torch: one warp per 32 emulated threads, the rest of a row stays in registers (4 warps on
+    # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200.
+    warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
+    return plan, factor, rows, warps
+
+
 class _Launch(NamedTuple):
     """Everything about one launch that follows from the inputs' metadata (cached per metadata key)."""
 
@@ -830,23 +848,13 @@ def _plan_launch(
         sh_l = tuple(sh_l) if sh.data_ptr() == shift.data_ptr() else None
     align = check_x = check_w = 0
     if exact:
+        plan, factor, r, warps = _exact_schedule(m, d, flavour, num, rows_per_program, num_warps)
         if flavour == "torch":
-            plan = _torch_plan(d, num)
-            factor = 1.0
             align = _TORCH_VEC * x.element_size()
             check_x = x.is_contiguous()
             check_w = weight is not None and weight.is_contiguous()
-        else:
-            plan = _mean_plan(max(m, 1), d, num)
-            assert not isinstance(plan, str)
-            factor = _mean_factor(max(m, 1), d)
-        tile = plan.k * plan.a * plan.b
-        r = rows_per_program or _default_rows(tile)
         if arrangement is None:
             arrangement = _default_arrangement(flavour, plan, r, scale is not None)
-        # torch: one warp per 32 emulated threads, the rest of a row stays in registers (4 warps on
-        # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200.
-        warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
         consts = (
             _f32(eps),
             factor,

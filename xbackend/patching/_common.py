@@ -154,25 +154,20 @@ def same_parameters(ours: Callable[..., Any], theirs: Callable[..., Any]) -> boo
     return [(p.name, p.kind, p.default) for p in a.values()] == [(p.name, p.kind, p.default) for p in b.values()]
 
 
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks)
+
+
 def hookless(module: nn.Module) -> bool:
     """Calling this module's math directly skips nothing: no hooks and no foreign forward wrapper."""
-    return not (
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-        or foreign_override(module, "forward")
-    )
+    return not (_has_hooks(module) or foreign_override(module, "forward"))
 
 
 def hookless_now(module: nn.Module) -> bool:
     """``hookless`` for a check made on every call, in code torch.compile traces: no hooks on the module
     or registered globally (``register_module_forward_hook``), and a ``forward`` that is the class's or
     xbackend's own."""
-    if (
-        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
-        or _module_mod._global_forward_hooks or _module_mod._global_forward_pre_hooks
-    ):  # fmt: skip
+    if _has_hooks(module) or _module_mod._global_forward_hooks or _module_mod._global_forward_pre_hooks:
         return False
     return ours_or_stock(module, "forward")
 

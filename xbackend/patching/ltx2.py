@@ -462,11 +462,17 @@ class XbackendLTX2AttnProcessor:
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, original: Any, qk_flavour: str | None = None, qk_norms: tuple[nn.Module, nn.Module] | None = None):
+    def __init__(
+        self,
+        original: Any,
+        qk_flavour: str | None = None,
+        qk_norms: tuple[nn.Module, nn.Module] | None = None,
+        qk_detail: str = "q/k norms not fused",
+    ):
         self.original = original
         self.qk_flavour = qk_flavour
         self.qk_norms = qk_norms  # the norms qk_flavour was found for: replaced ones are not fused
-        self.qk_detail = "q/k norms not fused"
+        self.qk_detail = qk_detail  # for the report
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
@@ -564,9 +570,7 @@ def patch_rope_processor(attn: nn.Module, path: str, found: Findings, kinds: fro
         qk_flavour, qk_detail = (
             qk_fusion_flavour(attn.norm_q, attn.norm_k) if "rmsnorm" in kinds else (None, "q/k norms: rmsnorm not patched")
         )
-        ours = XbackendLTX2AttnProcessor(processor, qk_flavour, (attn.norm_q, attn.norm_k))
-        ours.qk_detail = qk_detail
-        attn.set_processor(ours)
+        attn.set_processor(XbackendLTX2AttnProcessor(processor, qk_flavour, (attn.norm_q, attn.norm_k), qk_detail))
         found.add("rotary_embedding", path, f"{detail}; {qk_detail}; was {type(processor).__name__}")
 
 
