@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 
 from xbackend.kernels import cuda_gated_residual as cuda_gr
 from xbackend.kernels import triton_gated_residual as triton_gr
+from xbackend.kernels._cuda_build import first_error_line
 from xbackend.kernels._gated_residual_layout import GateLayout, analyze
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -162,7 +163,7 @@ def test_cuda_kernel_reports_instead_of_raising_on_cpu() -> None:
 
 def test_cuda_first_error_line_picks_the_compiler_error() -> None:
     exc = RuntimeError("Error building extension 'x':\n[1/3] nvcc ...\nfoo.cu(3): error: identifier \"y\" is undefined\n")
-    assert cuda_gr._first_error_line(exc) == 'build failed: foo.cu(3): error: identifier "y" is undefined'
+    assert first_error_line(exc) == 'build failed: foo.cu(3): error: identifier "y" is undefined'
 
 
 # ---------------------------------------------------------------------------------------------

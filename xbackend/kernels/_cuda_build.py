@@ -1,0 +1,127 @@
+"""CUDA C++ kernels built on first use with ``torch.utils.cpp_extension.load``.
+
+Each extension is compiled for the architectures of the visible GPUs and cached under
+``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by torch and CUDA versions. A build
+that fails is not retried in the process: its first compiler error becomes the reason the impl is
+unavailable (the resolver then takes the next candidate), the whole log stays in ``build_log()``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from xbackend._cache import cache_root
+
+_CSRC = Path(__file__).parent
+
+
+class CudaKernelUnavailable(RuntimeError):
+    """The CUDA extension cannot be built or loaded here; the message says why."""
+
+
+def _device_archs() -> list[str]:
+    """Compute capabilities of the visible GPUs as nvcc spells them ("90", "100", ...)."""
+    caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    return [f"{major}{minor}" for major, minor in sorted(caps)]
+
+
+def _arch_flags(archs: list[str]) -> list[str]:
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    # PTX of the newest arch too, so a later GPU can JIT it instead of failing outright.
+    flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+    return flags
+
+
+def environment_reason() -> str | None:
+    """Why no CUDA extension can be built in this process, or None."""
+    if torch.version.hip is not None:
+        return "ROCm build of torch: the CUDA C++ kernels target NVIDIA GPUs only"
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return "no CUDA device"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = Path(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
+    if nvcc is None or not nvcc.exists():
+        if shutil.which("nvcc") is None:
+            return "nvcc not found (set CUDA_HOME)"
+    if shutil.which("ninja") is None:
+        from torch.utils.cpp_extension import is_ninja_available
+
+        if not is_ninja_available():
+            return "ninja not found (torch.utils.cpp_extension needs it)"
+    return None
+
+
+def first_error_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in lines[1:]:
+        if re.search(r"\berror\b", line, re.IGNORECASE):
+            return f"build failed: {line[:300]}"
+    return f"build failed: {lines[0][:300]}" if lines else "build failed"
+
+
+class JitExtension:
+    """One extension: ``sources`` (in ``source_dir``, default beside this file) built once per process
+    on first ``load()``."""
+
+    def __init__(self, name: str, sources: tuple[str, ...], label: str, source_dir: Path = _CSRC) -> None:
+        self.name = name
+        self.sources = sources
+        self.source_dir = source_dir
+        self.label = label  # the error prefix: "<label> unavailable: <reason>"
+        self.module: ModuleType | None = None
+        self.failure: str | None = None
+        self.failure_detail: str | None = None  # the whole build error, for build_log()
+        self._lock = threading.Lock()
+
+    def _build(self) -> ModuleType:
+        from torch.utils.cpp_extension import load
+
+        archs = _device_archs()
+        name = f"{self.name}_sm" + "_".join(archs)
+        tag = f"torch{torch.__version__}_cu{torch.version.cuda}".replace("+", "_").replace(".", "_")
+        build_dir = cache_root() / "torch_extensions" / tag / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        return load(
+            name=name,
+            sources=[str(self.source_dir / src) for src in self.sources],
+            extra_include_paths=[str(self.source_dir)],
+            extra_cflags=["-O3"],
+            # --fmad=false backs up the explicit __f*_rn: no mul+add may become an FMA.
+            extra_cuda_cflags=["-O3", "--fmad=false", *_arch_flags(archs)],
+            build_directory=str(build_dir),
+            verbose=False,
+        )
+
+    def load(self) -> ModuleType:
+        """The built extension, building it on first use; raises CudaKernelUnavailable otherwise."""
+        with self._lock:
+            if self.module is not None:
+                return self.module
+            if self.failure is None:
+                try:
+                    self.failure = environment_reason()
+                    if self.failure is None:
+                        self.module = self._build()
+                        return self.module
+                except Exception as exc:  # any build failure becomes the reason
+                    self.failure = first_error_line(exc)
+                    self.failure_detail = str(exc)
+            raise CudaKernelUnavailable(f"{self.label} unavailable: {self.failure}")
+
+    def available(self) -> str | None:
+        """None when the extension can run here (building it if needed), else the reason. Never raises."""
+        try:
+            self.load()
+        except CudaKernelUnavailable as exc:
+            return str(exc).removeprefix(f"{self.label} unavailable: ")
+        except Exception as exc:  # a probe must not raise
+            return f"{type(exc).__name__}: {exc}"
+        return None
