@@ -54,14 +54,16 @@ def cuda_supports(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flav
 
 
 def cuda_rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str, *,
-                 warps_per_block: int = 0, smem_bytes: int = 0, max_blocks: int = 0, stages: int = 0) -> torch.Tensor:
+                 warps_per_block: int = 0, smem_bytes: int = 0, max_blocks: int = 0, stages: int = 0,
+                 load_hint: int = 0) -> torch.Tensor:
     """The register kernel (``stages=0``, ``warps_per_block`` rows per block; ``smem_bytes`` of unused
     shared memory caps blocks per SM, ``max_blocks`` makes warps stride over rows) or the staged one
-    (``stages`` bulk-copied row buffers per warp)."""
+    (``stages`` bulk-copied row buffers per warp); ``load_hint`` picks the register kernel's load cache
+    path (0 __ldg, 1 .cg, 2 .cs, 3 L1::no_allocate)."""
     mod = _EXT.module or _EXT.load()
     d = x.shape[-1]
     factor = triton_rmsnorm._mean_factor(x.numel() // d, d) if flavour == "diffusers" else 0.0
-    return mod.rmsnorm(x, weight, eps, flavour, factor, warps_per_block, smem_bytes, max_blocks, stages)
+    return mod.rmsnorm(x, weight, eps, flavour, factor, warps_per_block, smem_bytes, max_blocks, stages, load_hint)
 
 
 def exactness() -> list[dict]:
@@ -171,10 +173,49 @@ def speed() -> dict[str, float]:
     return res
 
 
+def hints() -> dict[str, float]:
+    """Cache paths for the row loads: the Triton kernel's ``stream`` modes and the CUDA register
+    kernel's ``load_hint``, torch and diffusers flavours, three interleaved rounds."""
+    shape = (1, 32640, 4096)
+    n = rotations(2 * 32640 * 4096 * 2)
+    xs = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in range(n)]
+    w = (1 + 0.5 * torch.randn(shape[-1], device="cuda")).to(torch.bfloat16)
+    sets = [(x,) for x in xs]
+    outs = [torch.empty_like(x) for x in xs]
+    num = triton_rmsnorm.CUDA_NUMERICS
+    res: dict[str, float] = {}
+    cands: dict[str, object] = {}
+    for fl in ("torch", "diffusers"):
+        ref_fn = (lambda x: F.rms_norm(x, (shape[-1],), w, EPS)) if fl == "torch" else (
+            lambda x: reference(x, w, EPS, "diffusers"))
+        comp = torch.compile(ref_fn)
+        comp(xs[0])
+        cands[f"{fl} compile"] = comp
+        for stream in (0, 2, 3):
+            for r, nw in ((None, None), (2, 8)):
+                cands[f"{fl} triton stream={stream} R={r} warps={nw}"] = (
+                    lambda x, fl=fl, st=stream, r=r, nw=nw: triton_rmsnorm._launch_exact(
+                        x, w, None, None, EPS, fl, num, r, nw, None, None, st))
+        if fl == "torch":
+            for hint in (0, 1, 2, 3):
+                cands[f"torch cuda warps=1 load_hint={hint}"] = (
+                    lambda x, h=hint: cuda_rmsnorm(x, w, EPS, "torch", warps_per_block=1, load_hint=h))
+        ref = ref_fn(xs[0])
+        for name, fn in cands.items():
+            if name.startswith(fl) and "compile" not in name and not torch.equal(fn(xs[0]), ref):
+                print(f"{name}: NOT EXACT", flush=True)
+    res["copy_"] = time_rotated(lambda o, x: o.copy_(x), list(zip(outs, xs, strict=True)), reps=100)
+    for round_ in range(3):
+        for name, fn in cands.items():
+            res[f"{name} (round {round_ + 1})"] = time_rotated(fn, sets, reps=100)
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/xbackend-out"))
     p.add_argument("--skip-exact", action="store_true")
+    p.add_argument("--hints", action="store_true", help="only the cache-path sweep (hints())")
     args = p.parse_args()
     t0 = time.perf_counter()
     reason = _EXT.available()
@@ -183,6 +224,16 @@ def main() -> None:
         print(_EXT.failure_detail)
         return
     result: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.hints:
+        sp = hints()
+        for name, us in sp.items():
+            fl = name.split()[0]
+            comp = sp.get(f"{fl} compile" + name[name.index(" (round"):] if " (round" in name else "")
+            extra = f"  {comp / us:5.3f}x compile" if comp else ""
+            print(f"{name:<58} {us:8.1f} us  {sp['copy_'] / us * 100:5.1f}% of copy_{extra}", flush=True)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "rmsnorm_hints.json").write_text(json.dumps(sp, indent=1))
+        return
     if not args.skip_exact:
         ex = exactness()
         bad = [r for r in ex if r["mismatches"]]

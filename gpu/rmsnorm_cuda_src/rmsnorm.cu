@@ -67,6 +67,23 @@ struct Words {
   uint32_t w[kWords];
 };
 
+// Cache path of the row loads (an experiment knob): 0 __ldg (L1, non-coherent), 1 .cg (L2 only),
+// 2 .cs (streaming), 3 L1::no_allocate.
+
+template <int kHint>
+__device__ __forceinline__ uint4 load16(const void* p) {
+  if constexpr (kHint == 1) return __ldcg(static_cast<const uint4*>(p));
+  if constexpr (kHint == 2) return __ldcs(static_cast<const uint4*>(p));
+  if constexpr (kHint == 3) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+  }
+  return __ldg(static_cast<const uint4*>(p));
+}
+
 template <int kWords>
 __device__ __forceinline__ Words<kWords> load(const void* p) {
   static_assert(kWords == 2 || kWords == 4, "8- or 16-byte vectors");
@@ -111,7 +128,7 @@ __device__ __forceinline__ float rsqrt_approx(float v) {
 // shared memory combines the warps as (w0 + w2) + (w1 + w3); then rsqrtf(sigma2 / D + eps) and
 // out = round(w * (rstd * x)). Here a lane's 16-byte load holds kVpl consecutive vectors, i.e. kVpl
 // adjacent aten threads, and kLoads loads per iteration cover the rest of the 128.
-template <typename T, int kIters, bool kWeight>
+template <typename T, int kIters, bool kWeight, int kHint>
 __global__ void __launch_bounds__(kMaxThreads)
     torch_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ w,
                  int64_t rows, int d, float eps) {
@@ -131,7 +148,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
       const int vec = 128 * k + 32 * kVpl * j + kVpl * lane;  // d % kElems == 0: all kVpl or none
-      v[k][j] = vec < nvec ? load<4>(xr + 4 * vec) : zeros<4>();
+      if (vec < nvec) {
+        const uint4 r = load16<kHint>(xr + 4 * vec);
+        v[k][j].w[0] = r.x, v[k][j].w[1] = r.y, v[k][j].w[2] = r.z, v[k][j].w[3] = r.w;
+      } else {
+        v[k][j] = zeros<4>();
+      }
     }
   }
   // acc[j][e] is aten thread 32*kVpl*j + kVpl*lane + e; zeros past the row add nothing.
@@ -274,7 +296,10 @@ template <typename T, bool kWeight, int I = 0>
 void launch_torch(const Args& a, int iters, dim3 grid, dim3 block, cudaStream_t stream) {
   if constexpr (I < static_cast<int>(sizeof(kTorchIters) / sizeof(int))) {
     if (iters <= kTorchIters[I]) {
-      const auto kernel = torch_kernel<T, kTorchIters[I], kWeight>;
+      auto kernel = torch_kernel<T, kTorchIters[I], kWeight, 0>;
+      if (a.load_hint == 1) kernel = torch_kernel<T, kTorchIters[I], kWeight, 1>;
+      if (a.load_hint == 2) kernel = torch_kernel<T, kTorchIters[I], kWeight, 2>;
+      if (a.load_hint == 3) kernel = torch_kernel<T, kTorchIters[I], kWeight, 3>;
       if (a.smem_bytes > 48 * 1024) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, a.smem_bytes);
       }

@@ -26,6 +26,7 @@ struct Args {
   int smem_bytes;       // dynamic shared memory per block (unused by the kernel): caps blocks per SM
   int64_t max_blocks;   // > 0: at most this many blocks, each warp striding over rows
   int stages;           // > 0: the staged kernel, this many row buffers per warp in shared memory
+  int load_hint;        // torch register kernel: 0 __ldg, 1 .cg, 2 .cs, 3 L1::no_allocate
 };
 
 // Largest D each flavour keeps in registers (longer rows: the Triton kernel).

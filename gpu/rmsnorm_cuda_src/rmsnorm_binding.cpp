@@ -31,7 +31,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 // layout the kernels do not handle.
 at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
                    const std::string& flavour, double factor, int64_t warps_per_block,
-                   int64_t smem_bytes, int64_t max_blocks, int64_t stages) {
+                   int64_t smem_bytes, int64_t max_blocks, int64_t stages,
+                   int64_t load_hint) {
   Args a{};
   a.dtype = to_dtype(x.scalar_type());
   TORCH_CHECK(flavour == "torch" || flavour == "diffusers",
@@ -77,6 +78,8 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   a.max_blocks = max_blocks;
   TORCH_CHECK(stages >= 0 && stages <= 64, "rmsnorm (cuda): stages must be 0 .. 64, got ", stages);
   a.stages = static_cast<int>(stages);
+  TORCH_CHECK(load_hint >= 0 && load_hint <= 3, "rmsnorm (cuda): load_hint must be 0 .. 3, got ", load_hint);
+  a.load_hint = static_cast<int>(load_hint);
   if (rows == 0) return out;
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaError_t err =
@@ -90,5 +93,5 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm", &rmsnorm, "RMSNorm rounded like eager PyTorch (torch or diffusers flavour)",
         py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("flavour"), py::arg("factor") = 0.0,
-        py::arg("warps_per_block") = 0, py::arg("smem_bytes") = 0, py::arg("max_blocks") = 0, py::arg("stages") = 0);
+        py::arg("warps_per_block") = 0, py::arg("smem_bytes") = 0, py::arg("max_blocks") = 0, py::arg("stages") = 0, py::arg("load_hint") = 0);
 }

@@ -351,7 +351,7 @@ def _rmsnorm_exact_kernel(
     B: tl.constexpr,  # VEC_FORM: vector width; else: emulated threads per row
     VEC_FORM: tl.constexpr,  # row element (k*A + a)*B + b
     ARR: tl.constexpr,  # tile arrangement, see ARR_*
-    STREAM: tl.constexpr,  # evict-first hints on the streamed x / out
+    STREAM: tl.constexpr,  # cache hints on the streamed x / out: 0 none, 1 evict-first, 2 x via L2 only (.cg), 3 both .cg
     LANES: tl.constexpr,
     BW: tl.constexpr,  # diffusers: block width (threads in x)
     Y: tl.constexpr,  # diffusers: threads in y sharing a row (warp split), 1 if none
@@ -384,8 +384,10 @@ def _rmsnorm_exact_kernel(
     cols = toff + koff
     cmask = cols < D
     mask = (rr < M) & cmask
-    if STREAM:
+    if STREAM == 1:
         x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0, eviction_policy="evict_first")
+    elif STREAM >= 2:
+        x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0, cache_modifier=".cg")
     else:
         x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0)
     x = x.to(tl.float32)
@@ -414,8 +416,10 @@ def _rmsnorm_exact_kernel(
         sc = tl.load(_bcast_ptrs(sc_ptr, rr, toff, koff, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
         sh = tl.load(_bcast_ptrs(sh_ptr, rr, toff, koff, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
         y = _modulate(y, sc, sh, out_dtype)
-    if STREAM:
+    if STREAM == 1:
         tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask, eviction_policy="evict_first")
+    elif STREAM == 3:
+        tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask, cache_modifier=".cg")
     else:
         tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask)
 
