@@ -816,6 +816,9 @@ class _Launch(NamedTuple):
 
 
 _LAUNCHES: dict[tuple, _Launch] = {}
+# Register cap for the RMSNorm kernels (Triton's maxnreg); None: Triton's choice. An experiment knob
+# (gpu/rmsnorm_cuda.py --maxnreg): set it before the first launch, or clear _LAUNCHES after.
+_MAXNREG: int | None = None
 _MAX_LAUNCHES = 4096
 _ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
 
@@ -904,7 +907,7 @@ def _plan_launch(
         sc_l,
         sh_l,
         consts,
-        {"num_warps": warps, "enable_fp_fusion": False},
+        {"num_warps": warps, "enable_fp_fusion": False, **({"maxnreg": _MAXNREG} if _MAXNREG else {})},
         align,
         bool(check_x),
         bool(check_w),
