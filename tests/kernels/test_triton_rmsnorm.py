@@ -277,6 +277,21 @@ def test_d4096_default_launch(flavour):
     _assert_close(out, _ref_mod(x, scale, shift, w, EPS, flavour), torch.bfloat16, extra)
 
 
+def test_d4096_torch_flavour_takes_the_tuned_launch():
+    """Plain torch-flavour norms at D=4096 run two rows per 8-warp program (measured, _CUDA_TORCH_TUNED);
+    an odd row count leaves the last program half masked."""
+    x = _rand((3, 4096), torch.bfloat16, seed=9)
+    w = _rand(4096, torch.bfloat16, seed=10, scale=0.5, offset=1.0)
+    K._LAUNCHES.clear()
+    _assert_close(K.rmsnorm(x, w, EPS, "torch"), _ref(x, w, EPS, "torch"), torch.bfloat16)
+    (lp,) = K._LAUNCHES.values()
+    assert lp.grid == (2,) and lp.options["num_warps"] == 8
+    K._LAUNCHES.clear()
+    K.rmsnorm(x, w, EPS, "diffusers")
+    (lp,) = K._LAUNCHES.values()
+    assert lp.grid == (3,)  # one row per program: the diffusers kernel keeps its default
+
+
 # (x shape, scale/shift shape): every broadcast form the op promises
 MOD_FORMS = [
     ((2, 5, 64), (2, 1, 64)),
@@ -417,6 +432,14 @@ GPU_RMS = (
         ("torch", 64, torch.bfloat16, True),
     ]
 )
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_rmsnorm_tuned_launch_odd_rows():
+    x = _rand((4097, 4096), torch.bfloat16, seed=11)
+    w = _rand(4096, torch.bfloat16, seed=12, scale=0.5, offset=1.0)
+    assert torch.equal(K.rmsnorm(x, w, EPS, "torch"), _ref(x, w, EPS, "torch"))
 
 
 @pytest.mark.gpu

@@ -823,6 +823,13 @@ _MAX_LAUNCHES = 4096
 _ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
 
 
+# (rows per program, warps) of the plain torch-flavour norm on CUDA numerics, by D, measured on the
+# H200 at [32640, D] bf16: two rows per 8-warp program beat one per 4 warps by 0.5-1.2 us in four runs
+# (gpu/rmsnorm_sweep.py; gpu/rmsnorm_cuda.py --hints / --maxnreg). Not for the diffusers flavour (25-45%
+# slower that way) nor the modulate kernel, and unmeasured at other D.
+_CUDA_TORCH_TUNED: dict[int, tuple[int, int]] = {4096: (2, 8)}
+
+
 def _meta(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
@@ -855,6 +862,9 @@ def _plan_launch(
         sh_l = tuple(sh_l) if sh.data_ptr() == shift.data_ptr() else None
     align = check_x = check_w = 0
     if exact:
+        tuned = flavour == "torch" and scale is None and num._replace(rsqrt=RSQRT_PTX) == CUDA_NUMERICS
+        if tuned and rows_per_program is None and num_warps is None:
+            rows_per_program, num_warps = _CUDA_TORCH_TUNED.get(d, (None, None))
         plan, factor, r, warps = _exact_schedule(m, d, flavour, num, rows_per_program, num_warps)
         if flavour == "torch":
             align = _TORCH_VEC * x.element_size()
