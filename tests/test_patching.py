@@ -42,6 +42,7 @@ VARIANTS = {
     "ltx2.5": {"cross_attn_mod": True, "audio_cross_attn_mod": True, "use_prompt_adaln_single": False,
                "perturbed_attn": True, "norm_elementwise_affine": True},
 }  # fmt: skip
+VARIANTS["ltx2.3-split"] = {**VARIANTS["ltx2.3"], "rope_type": "split"}  # LTX-2.3's split RoPE
 BATCH, FRAMES, HEIGHT, WIDTH, AUDIO = 2, 2, 3, 4, 5
 TOKENS = FRAMES * HEIGHT * WIDTH
 
@@ -129,8 +130,10 @@ def test_transformer_patched_is_bit_identical(variant: str, dtype: torch.dtype, 
     # Interleaved RoPE of query and key: attn1 and audio_attn1 (self-attention) fuse both norms and
     # both RoPEs into one qk_norm_rope; a2v and v2a (keys of the other modality) rotate q and k apart.
     # LTX-2.5's perturbed-attention processor is not the one the RoPE patch transcribes (left alone).
-    assert op_calls["qk_norm_rope"] == (0 if variant == "ltx2.5" else layers * 2)
-    assert op_calls["rotary_embedding"] == (0 if variant == "ltx2.5" else layers * 4)
+    # Split RoPE is never fused with the norms: all eight rotations per block are rotary_embedding.
+    rope_calls = {"ltx2.5": (0, 0), "ltx2.3-split": (0, 8)}.get(variant, (2, 4))
+    assert op_calls["qk_norm_rope"] == layers * rope_calls[0]
+    assert op_calls["rotary_embedding"] == layers * rope_calls[1]
     assert_equal(run(model, isolated), expected_isolated)
 
 

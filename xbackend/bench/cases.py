@@ -62,6 +62,18 @@ def _rope(rows: int, d: int, bar: bool = False) -> Case:
                 bytes_moved=rows * d * (2 * _E + 2 * 4), bar=bar)
 
 
+def _rope_split(rows: int, heads: int, head_dim: int, bar: bool = False) -> Case:
+    d, half = heads * head_dim, head_dim // 2
+
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        angle = torch.rand((1, heads, rows, half), generator=g, device=dev) * 6.3
+        return (_rand((1, rows, d), dev, g), angle.cos(), angle.sin(), "split")
+
+    # LTX-2.3: x [B, T, H*D] in bf16 against fp32 cos/sin [B, H, T, D/2]
+    return Case("rotary_embedding", f"rope split [1,{rows},{d}] h{heads} fp32 freqs", make,
+                bytes_moved=rows * d * (2 * _E + 4), bar=bar)
+
+
 def _qk(rows: int, d: int, bar: bool = False) -> Case:
     def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
         angle = torch.rand((1, rows, d), generator=g, device=dev) * 6.3
@@ -103,7 +115,8 @@ CASES: dict[str, list[Case]] = {
         _gated("ltx2", 8160, 4096, "token"),
     ],
     # LTX-2 queries/keys: video self-attention, and the audio stream's.
-    "rotary_embedding": [_rope(32640, 4096, True), _rope(8160, 4096), _rope(126, 2048)],
+    "rotary_embedding": [_rope(32640, 4096, True), _rope_split(32640, 32, 128, True), _rope(8160, 4096),
+                         _rope(126, 2048)],
     # LTX-2 video self-attention: norm_q, norm_k and both RoPEs (compile's fused kernel is the one to beat).
     "qk_norm_rope": [_qk(32640, 4096, True), _qk(8160, 4096), _qk(126, 2048)],
     "neighborhood_attention": [

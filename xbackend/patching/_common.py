@@ -229,6 +229,28 @@ def can_rope(x: torch.Tensor, cos: object, sin: object) -> bool:
     )
 
 
+def can_rope_split(x: torch.Tensor, cos: object, sin: object) -> bool:
+    """diffusers' split RoPE is the op for these inputs: x [B, S, C] against cos [B, H, S, C/(2H)], or a
+    cos that broadcasts to x's leading dims and C/2."""
+    if not (
+        x.dtype in _FLOAT
+        and x.dim() == 3
+        and x.shape[-1] % 2 == 0
+        and isinstance(cos, torch.Tensor)
+        and isinstance(sin, torch.Tensor)
+        and cos.dtype in _FLOAT
+        and sin.dtype in _FLOAT
+        and cos.shape == sin.shape
+        and cos.device == x.device
+        and sin.device == x.device
+    ):
+        return False
+    if cos.dim() == 4:
+        b, h, t, r = cos.shape
+        return tuple(x.shape) == (b, t, h * 2 * r)
+    return _broadcasts(cos, (*x.shape[:-1], x.shape[-1] // 2))
+
+
 # -- the fused expressions -----------------------------------------------------------------------
 def norm_modulate(
     norm: nn.Module, flavour: str | None, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor
@@ -257,6 +279,14 @@ def rope_interleaved(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], 
     cos, sin = freqs
     if can_rope(x, cos, sin):
         return _ROTARY(x, cos, sin, "interleaved")
+    return original(x, freqs)
+
+
+def rope_split(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any]) -> torch.Tensor:
+    """diffusers' ``apply_split_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``."""
+    cos, sin = freqs
+    if can_rope_split(x, cos, sin):
+        return _ROTARY(x, cos, sin, "split")
     return original(x, freqs)
 
 

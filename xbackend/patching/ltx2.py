@@ -3,7 +3,7 @@
 Mirrors, operation for operation, these diffusers 0.42.1 files:
 
 - ``diffusers/models/transformers/transformer_ltx2.py``: ``LTX2VideoTransformerBlock.forward`` and
-  ``LTX2AudioVideoAttnProcessor.__call__`` (interleaved RoPE through ``rotary_embedding``).
+  ``LTX2AudioVideoAttnProcessor.__call__`` (interleaved and split RoPE through ``rotary_embedding``).
 - ``diffusers/models/autoencoders/ltx2_diffusion_decoder.py``: ``LTX2VideoVaeDiffusionNABlock.forward``,
   the neighborhood-attention processors of ``LTX2VideoVaeNeighborhoodAttention``, and
   ``LTX2VideoDiffusionDecoderModel.tiled_decode`` (through ``xbackend.adapters.diffusers_ltx2``).
@@ -44,6 +44,7 @@ from ._common import (
     qk_norm_rope,
     rmsnorm_flavour,
     rope_interleaved,
+    rope_split,
     same_parameters,
 )
 
@@ -453,11 +454,11 @@ def _ltx2_attention_functions() -> tuple[Callable[..., Any], ...]:
 
 class XbackendLTX2AttnProcessor:
     """Stands in for diffusers' ``LTX2AudioVideoAttnProcessor`` on one ``LTX2Attention``: the same
-    computation, with the interleaved RoPE of the query and key as ``get_op("rotary_embedding")`` (one
-    pass instead of eight eager kernels, bit-identical). Where query and key share their frequencies and
-    shape (self-attention) and ``qk_flavour`` names the norms' flavour, ``norm_q``, ``norm_k`` and both
-    RoPEs are one ``qk_norm_rope`` call. Split RoPE (LTX-2.3) runs as diffusers writes it. Keeps the
-    processor it replaced for `unpatch`."""
+    computation, with the RoPE of the query and key as ``get_op("rotary_embedding")`` (one pass instead
+    of eight eager kernels, bit-identical; interleaved for LTX-2.0, split for LTX-2.3). Where query and
+    key share their frequencies and shape (self-attention), the RoPE is interleaved and ``qk_flavour``
+    names the norms' flavour, ``norm_q``, ``norm_k`` and both RoPEs are one ``qk_norm_rope`` call. Keeps
+    the processor it replaced for `unpatch`."""
 
     _attention_backend = None
     _parallel_config = None
@@ -524,8 +525,8 @@ class XbackendLTX2AttnProcessor:
                 query = rope_interleaved(query, query_rotary_emb, apply_interleaved_rotary_emb)
                 key = rope_interleaved(key, key_emb, apply_interleaved_rotary_emb)
             elif attn.rope_type == "split":
-                query = apply_split_rotary_emb(query, query_rotary_emb)
-                key = apply_split_rotary_emb(key, key_emb)
+                query = rope_split(query, query_rotary_emb, apply_split_rotary_emb)
+                key = rope_split(key, key_emb, apply_split_rotary_emb)
 
         query = query.unflatten(2, (attn.heads, -1))
         key = key.unflatten(2, (attn.heads, -1))
@@ -564,8 +565,8 @@ def patch_rope_processor(attn: nn.Module, path: str, found: Findings, kinds: fro
         found.skip("rotary_embedding", path, f"LTX2AudioVideoAttnProcessor differs from diffusers {DIFFUSERS_VERSION}'s")
     elif getattr(processor, "_parallel_config", None) is not None:
         found.skip("rotary_embedding", path, "context-parallel attention is configured on the processor")
-    elif attn.rope_type != "interleaved":
-        found.skip("rotary_embedding", path, f"rope_type={attn.rope_type!r}: only interleaved RoPE is routed")
+    elif attn.rope_type not in ("interleaved", "split"):
+        found.skip("rotary_embedding", path, f"rope_type={attn.rope_type!r}: only interleaved and split RoPE are routed")
     else:
         qk_flavour, qk_detail = (
             qk_fusion_flavour(attn.norm_q, attn.norm_k) if "rmsnorm" in kinds else (None, "q/k norms: rmsnorm not patched")
