@@ -557,6 +557,8 @@ cudaError_t launch_typed(const Args& a, cudaStream_t stream) {
   const int warps = a.warps_per_block > 0 ? a.warps_per_block : 4;
   if (warps > kMaxThreads / 32) return cudaErrorInvalidValue;
   if (a.stages > 0) return launch_staged<T>(a, warps, stream);
+  // Only the torch register kernel strides over rows; a capped diffusers grid would skip rows.
+  if (a.max_blocks > 0 && a.flavour == Flavour::kDiffusers) return cudaErrorInvalidValue;
   int64_t blocks = ceil_div(a.rows, warps);
   if (a.max_blocks > 0 && blocks > a.max_blocks) blocks = a.max_blocks;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;

@@ -156,6 +156,7 @@ TORCH_ORDER_CASES = [
     ((5, 256), NUM),
     ((3, 1000), NUM),
     ((2, 3072), NUM),
+    ((3, 4096), NUM),  # the tuned launch (2 rows per 8-warp program), odd rows
     ((3, 1000), NUM._replace(torch_threads=256)),
     ((2, 4096), K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
 ]
@@ -286,10 +287,18 @@ def test_d4096_torch_flavour_takes_the_tuned_launch():
     _assert_close(K.rmsnorm(x, w, EPS, "torch"), _ref(x, w, EPS, "torch"), torch.bfloat16)
     (lp,) = K._LAUNCHES.values()
     assert lp.grid == (2,) and lp.options["num_warps"] == 8
-    K._LAUNCHES.clear()
-    K.rmsnorm(x, w, EPS, "diffusers")
-    (lp,) = K._LAUNCHES.values()
-    assert lp.grid == (3,)  # one row per program: the diffusers kernel keeps its default
+    untuned = [
+        lambda: K.rmsnorm(x, w, EPS, "diffusers"),  # 25-45% slower tuned that way
+        lambda: K.rmsnorm_modulate(x, x[:1], x[:1], w, EPS, "torch"),  # not measured
+        lambda: K.rmsnorm(x, w, EPS, "torch", rows_per_program=1),  # an explicit config wins
+        lambda: K.rmsnorm(x.float(), w.float(), EPS, "torch"),  # fp32 rows: not measured
+        lambda: K.rmsnorm(x, w, EPS, "torch", numerics=K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
+    ]
+    for run in untuned:
+        K._LAUNCHES.clear()
+        run()
+        (lp,) = K._LAUNCHES.values()
+        assert lp.grid == (3,)  # one row per program
 
 
 # (x shape, scale/shift shape): every broadcast form the op promises

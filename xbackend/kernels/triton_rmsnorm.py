@@ -24,8 +24,8 @@ H200 over 16.8M elements: rmsnorm max 1 ULP ("torch") / 2 ULP ("diffusers"); the
 64 ULP, where ``+ shift`` cancels (give it a tolerance contract).
 
 Launch configuration (keyword arguments of every entry point): ``rows_per_program`` and
-``num_warps``; the defaults were measured best on an H200 at [32640, 4096] bf16 (1 row, 4 warps,
-97-98% of ``copy_`` bandwidth). ``numerics`` picks the PyTorch build whose order is reproduced:
+``num_warps``; the defaults were measured best on an H200 at [32640, 4096] bf16 (torch flavour: 2
+rows per 8-warp program, ``_CUDA_TORCH_TUNED``; otherwise 1 row, 4 warps; 97-98% of ``copy_``). ``numerics`` picks the PyTorch build whose order is reproduced:
 ``CUDA_NUMERICS`` (verified) or ``ROCM_NUMERICS`` (read from the sources, not verified on AMD).
 """
 
@@ -793,7 +793,8 @@ def _exact_schedule(
         factor = _mean_factor(max(m, 1), d)
     rows = rows_per_program or _default_rows(plan.k * plan.a * plan.b)
     # torch: one warp per 32 emulated threads, the rest of a row stays in registers (4 warps on
-    # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200.
+    # CUDA numerics); diffusers: 4 warps per 128 folds. Measured best at [32640, 4096] on an H200
+    # (the plain torch-flavour norm then takes _CUDA_TORCH_TUNED in _plan_launch).
     warps = num_warps or max(1, min(8, plan.a * plan.b // (plan.b if flavour == "torch" else 1) // 32))
     return plan, factor, rows, warps
 
@@ -823,11 +824,12 @@ _MAX_LAUNCHES = 4096
 _ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
 
 
-# (rows per program, warps) of the plain torch-flavour norm on CUDA numerics, by D, measured on the
-# H200 at [32640, D] bf16: two rows per 8-warp program beat one per 4 warps by 0.5-1.2 us in four runs
-# (gpu/rmsnorm_sweep.py; gpu/rmsnorm_cuda.py --hints / --maxnreg). Not for the diffusers flavour (25-45%
-# slower that way) nor the modulate kernel, and unmeasured at other D.
-_CUDA_TORCH_TUNED: dict[int, tuple[int, int]] = {4096: (2, 8)}
+# (rows per program, warps) of the plain torch-flavour norm on CUDA numerics, by (D, element size),
+# measured on the H200 at [32640, D] bf16: two rows per 8-warp program beat one per 4 warps by 0.5-1.2
+# us in four runs (gpu/rmsnorm_sweep.py; gpu/rmsnorm_cuda.py --hints / --maxnreg). fp16 moves the same
+# bytes; fp32 rows (twice the bytes) and other D are unmeasured and keep the defaults. Not for the
+# diffusers flavour (25-45% slower that way) nor the modulate kernel. SM100/SM103 inherit it untested.
+_CUDA_TORCH_TUNED: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (2, 8)}
 
 
 def _meta(t: torch.Tensor | None) -> tuple | None:
@@ -864,7 +866,7 @@ def _plan_launch(
     if exact:
         tuned = flavour == "torch" and scale is None and num._replace(rsqrt=RSQRT_PTX) == CUDA_NUMERICS
         if tuned and rows_per_program is None and num_warps is None:
-            rows_per_program, num_warps = _CUDA_TORCH_TUNED.get(d, (None, None))
+            rows_per_program, num_warps = _CUDA_TORCH_TUNED.get((d, x.element_size()), (None, None))
         plan, factor, r, warps = _exact_schedule(m, d, flavour, num, rows_per_program, num_warps)
         if flavour == "torch":
             align = _TORCH_VEC * x.element_size()
@@ -1070,7 +1072,8 @@ def rmsnorm(
     """RMSNorm bit-exact to the ``flavour`` reference (see module docstring).
 
     Launch config: ``rows_per_program`` rows per Triton program (default: short rows batched to
-    ~4096 tile elements, 1 row at D = 4096) and ``num_warps`` (default 4 on CUDA numerics). ``numerics`` selects the PyTorch
+    ~4096 tile elements, 1 row at D = 4096 except ``_CUDA_TORCH_TUNED``) and ``num_warps`` (default 4 on
+    CUDA numerics, 8 where tuned). ``numerics`` selects the PyTorch
     build whose reduction order is reproduced (default: this process's build). Raises ValueError
     where ``supports_rmsnorm`` gives a reason.
     """
