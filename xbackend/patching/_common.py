@@ -212,8 +212,8 @@ def can_gate(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> bool:
     )
 
 
-def can_rope(x: torch.Tensor, cos: object, sin: object) -> bool:
-    """diffusers' interleaved RoPE is the op for these inputs (it unflattens dim 2: x is [B, S, C])."""
+def _rope_operands(x: torch.Tensor, cos: object, sin: object) -> bool:
+    """x [B, S, C] with an even C, cos and sin float tensors of one shape on x's device."""
     return (
         x.dtype in _FLOAT
         and x.dim() == 3
@@ -225,25 +225,18 @@ def can_rope(x: torch.Tensor, cos: object, sin: object) -> bool:
         and cos.shape == sin.shape
         and cos.device == x.device
         and sin.device == x.device
-        and _broadcasts(cos, x.shape)
     )
+
+
+def can_rope(x: torch.Tensor, cos: object, sin: object) -> bool:
+    """diffusers' interleaved RoPE is the op for these inputs (it unflattens dim 2: x is [B, S, C])."""
+    return _rope_operands(x, cos, sin) and _broadcasts(cos, x.shape)
 
 
 def can_rope_split(x: torch.Tensor, cos: object, sin: object) -> bool:
     """diffusers' split RoPE is the op for these inputs: x [B, S, C] against cos [B, H, S, C/(2H)], or a
     cos that broadcasts to x's leading dims and C/2."""
-    if not (
-        x.dtype in _FLOAT
-        and x.dim() == 3
-        and x.shape[-1] % 2 == 0
-        and isinstance(cos, torch.Tensor)
-        and isinstance(sin, torch.Tensor)
-        and cos.dtype in _FLOAT
-        and sin.dtype in _FLOAT
-        and cos.shape == sin.shape
-        and cos.device == x.device
-        and sin.device == x.device
-    ):
+    if not _rope_operands(x, cos, sin):
         return False
     if cos.dim() == 4:
         b, h, t, r = cos.shape
