@@ -177,15 +177,18 @@ def speed() -> dict[str, float]:
     return res
 
 
+def _bar_inputs() -> tuple[tuple[int, int, int], list, torch.Tensor, list, list]:
+    """[1, 32640, 4096] bf16 inputs rotated past L2, a weight, the timing arg sets and outputs for copy_."""
+    shape = (1, 32640, 4096)
+    xs = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in range(rotations(2 * 32640 * 4096 * 2))]
+    w = (1 + 0.5 * torch.randn(shape[-1], device="cuda")).to(torch.bfloat16)
+    return shape, xs, w, [(x,) for x in xs], [torch.empty_like(x) for x in xs]
+
+
 def hints() -> dict[str, float]:
     """Cache paths for the row loads: the Triton kernel's ``stream`` modes and the CUDA register
     kernel's ``load_hint``, torch and diffusers flavours, three interleaved rounds."""
-    shape = (1, 32640, 4096)
-    n = rotations(2 * 32640 * 4096 * 2)
-    xs = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in range(n)]
-    w = (1 + 0.5 * torch.randn(shape[-1], device="cuda")).to(torch.bfloat16)
-    sets = [(x,) for x in xs]
-    outs = [torch.empty_like(x) for x in xs]
+    shape, xs, w, sets, outs = _bar_inputs()
     num = triton_rmsnorm.CUDA_NUMERICS
     res: dict[str, float] = {}
     cands: dict[str, object] = {}
@@ -218,12 +221,7 @@ def hints() -> dict[str, float]:
 def maxnreg() -> dict[str, float]:
     """The Triton kernels with a register cap (ncu: 48 registers hold the production torch-flavour
     kernel to 10 blocks = 62.5% occupancy), three interleaved rounds against torch.compile."""
-    shape = (1, 32640, 4096)
-    n = rotations(2 * 32640 * 4096 * 2)
-    xs = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in range(n)]
-    w = (1 + 0.5 * torch.randn(shape[-1], device="cuda")).to(torch.bfloat16)
-    sets = [(x,) for x in xs]
-    outs = [torch.empty_like(x) for x in xs]
+    shape, xs, w, sets, outs = _bar_inputs()
     num = triton_rmsnorm.CUDA_NUMERICS
     res: dict[str, float] = {"copy_": time_rotated(lambda o, x: o.copy_(x), list(zip(outs, xs, strict=True)), reps=100)}
     cands: dict[str, tuple] = {}

@@ -122,6 +122,41 @@ __device__ __forceinline__ float rsqrt_approx(float v) {
   return r;
 }
 
+// aten's cross-thread tree for the torch flavour over one warp's per-lane folds acc[j][e] (aten thread
+// 32*kVpl*j + kVpl*lane + e), broadcast to every lane.
+template <int kVpl, int kLoads>
+__device__ __forceinline__ float torch_tree(float (&acc)[kLoads][kVpl]) {
+  float s;
+  if constexpr (kVpl == 2) {
+    // aten lane 2q + e of aten warp 2j + h lives in lane 16h + q, slot [j][e]: aten's offsets
+    // 16..2 are offsets 8..1 within each half warp, offset 1 is the two slots of one lane.
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {
+#pragma unroll
+        for (int e = 0; e < kVpl; ++e) {
+          acc[j][e] = __fadd_rn(acc[j][e], __shfl_down_sync(kFull, acc[j][e], o, 16));
+        }
+      }
+    }
+    // lane 0: w0 + w2, lane 16: w1 + w3
+    s = __fadd_rn(__fadd_rn(acc[0][0], acc[0][1]), __fadd_rn(acc[1][0], acc[1][1]));
+    s = __fadd_rn(s, __shfl_down_sync(kFull, s, 16));
+  } else {
+    // aten thread 32j + lane: aten warp j is slot j of every lane.
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int j = 0; j < kLoads; ++j) {
+        acc[j][0] = __fadd_rn(acc[j][0], __shfl_down_sync(kFull, acc[j][0], o));
+      }
+    }
+    s = __fadd_rn(__fadd_rn(acc[0][0], acc[2][0]), __fadd_rn(acc[1][0], acc[3][0]));
+  }
+  return __shfl_sync(kFull, s, 0);
+}
+
 // Torch flavour: aten's vectorized layer-norm kernel with rms_norm=true. On CUDA it runs 128
 // threads (32 x 4) per row; thread t folds sigma2 = fma(v, v, sigma2) over the 4-element vectors
 // t, t + 128, ... (vector by vector, element by element), the warps shuffle down 16, 8, 4, 2, 1 and
@@ -177,35 +212,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
   }
-  float s;
-  if constexpr (kVpl == 2) {
-    // aten lane 2q + e of aten warp 2j + h lives in lane 16h + q, slot [j][e]: aten's offsets
-    // 16..2 are offsets 8..1 within each half warp, offset 1 is the two slots of one lane.
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-#pragma unroll
-        for (int e = 0; e < kVpl; ++e) {
-          acc[j][e] = __fadd_rn(acc[j][e], __shfl_down_sync(kFull, acc[j][e], o, 16));
-        }
-      }
-    }
-    // lane 0: w0 + w2, lane 16: w1 + w3
-    s = __fadd_rn(__fadd_rn(acc[0][0], acc[0][1]), __fadd_rn(acc[1][0], acc[1][1]));
-    s = __fadd_rn(s, __shfl_down_sync(kFull, s, 16));
-  } else {
-    // aten thread 32j + lane: aten warp j is slot j of every lane.
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        acc[j][0] = __fadd_rn(acc[j][0], __shfl_down_sync(kFull, acc[j][0], o));
-      }
-    }
-    s = __fadd_rn(__fadd_rn(acc[0][0], acc[2][0]), __fadd_rn(acc[1][0], acc[3][0]));
-  }
-  s = __shfl_sync(kFull, s, 0);
+  const float s = torch_tree<kVpl, kLoads>(acc);
   const float rstd = rsqrt_approx(__fadd_rn(__fdiv_rn(s, static_cast<float>(d)), eps));
 
   T* orow = out + row * d;
@@ -399,31 +406,7 @@ __device__ __forceinline__ float torch_sum_staged(const T* row, int d, int lane)
       }
     }
   }
-  float s;
-  if constexpr (kVpl == 2) {
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-#pragma unroll
-        for (int e = 0; e < kVpl; ++e) {
-          acc[j][e] = __fadd_rn(acc[j][e], __shfl_down_sync(kFull, acc[j][e], o, 16));
-        }
-      }
-    }
-    s = __fadd_rn(__fadd_rn(acc[0][0], acc[0][1]), __fadd_rn(acc[1][0], acc[1][1]));
-    s = __fadd_rn(s, __shfl_down_sync(kFull, s, 16));
-  } else {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        acc[j][0] = __fadd_rn(acc[j][0], __shfl_down_sync(kFull, acc[j][0], o));
-      }
-    }
-    s = __fadd_rn(__fadd_rn(acc[0][0], acc[2][0]), __fadd_rn(acc[1][0], acc[3][0]));
-  }
-  return __shfl_sync(kFull, s, 0);
+  return torch_tree<kVpl, kLoads>(acc);
 }
 
 template <typename T>
