@@ -157,17 +157,24 @@ def test_qk_fusion_steps_aside_for_hooks_and_wrappers(op_calls: dict[str, int]) 
     assert "wrapper" in seen and op_calls["qk_norm_rope"] == TRANSFORMER_CONFIG["num_layers"] * 2 - 1
 
 
+def block_inputs(model: nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the model's first transformer block receives for ``inputs``."""
+    captured: dict[str, Any] = {}
+    block = model.transformer_blocks[0]
+    handle = block.register_forward_pre_hook(lambda _m, _a, kw: captured.update(kw), with_kwargs=True)
+    run(model, inputs)
+    handle.remove()
+    return captured
+
+
 @pytest.mark.parametrize("wrap_before_patch", [True, False])
 def test_compiled_qk_fusion_keeps_a_forward_wrapper(wrap_before_patch: bool) -> None:
     """The fused q/k path must not skip a wrapper on norm_k in a compiled block either (the per-call check
     is traced: it compares the instance's forward with the one patch() installed)."""
     model = build_transformer("ltx2.3", torch.float32)
     inputs = transformer_inputs("ltx2.3", torch.float32)
-    captured: dict[str, Any] = {}
     block = model.transformer_blocks[0]
-    handle = block.register_forward_pre_hook(lambda _m, _a, kw: captured.update(kw), with_kwargs=True)
-    run(model, inputs)
-    handle.remove()
+    captured = block_inputs(model, inputs)
 
     def wrap() -> None:
         inner = block.attn1.norm_k.forward
@@ -380,11 +387,8 @@ def test_other_diffusers_version_leaves_diffusers_sites_alone(monkeypatch: pytes
 def test_compiled_patched_block_has_no_graph_break() -> None:
     model = build_transformer("ltx2.3")
     inputs = transformer_inputs("ltx2.3", torch.float32)
-    captured: dict[str, Any] = {}
     block = model.transformer_blocks[0]
-    handle = block.register_forward_pre_hook(lambda _m, _a, kw: captured.update(kw), with_kwargs=True)
-    run(model, inputs)
-    handle.remove()
+    captured = block_inputs(model, inputs)
     xbackend.patch(model)
     seen: list[str] = []
 
