@@ -269,5 +269,36 @@ def test_gpu_cuda_rows_per_thread_exact(rows_per_thread: int) -> None:
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("packs_per_thread", [1, 2, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_cuda_packs_per_thread_exact(packs_per_thread: int, dtype: torch.dtype) -> None:
+    # Full gate, flat path; 3 * 1001 * 1000 elements leave partial blocks and a tail that fills no pack.
+    x, update, gate = _gpu_inputs((3, 1001, 1000), (3, 1001, 1000), dtype, seed=19)
+    out = cuda_gr.gated_residual(x, update, gate, packs_per_thread=packs_per_thread)
+    assert torch.equal(out, _reference(x, update, gate))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("block_cols", [32, 64, 128, 192, 256])
+@pytest.mark.parametrize(("shape", "gate_shape"), [((2, 77, 3072), (2, 1, 3072)), ((3, 50, 4608), (3, 50, 1))])
+def test_gpu_cuda_block_cols_exact(block_cols: int, shape, gate_shape) -> None:
+    x, update, gate = _gpu_inputs(shape, gate_shape, torch.bfloat16, seed=23)
+    out = cuda_gr.gated_residual(x, update, gate, block_cols=block_cols)
+    assert torch.equal(out, _reference(x, update, gate))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("knob", [{"rows_per_thread": 3}, {"packs_per_thread": 8}, {"block_cols": 48}], ids=str)
+def test_gpu_cuda_bad_knob_names_the_argument(knob: dict) -> None:
+    x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=29)
+    name = next(iter(knob))
+    with pytest.raises(RuntimeError, match=f"gated_residual: {name} must be"):
+        cuda_gr.gated_residual(x, update, gate, **knob)
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_cuda_available() -> None:
     assert cuda_gr.available() is None

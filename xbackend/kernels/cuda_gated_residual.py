@@ -38,13 +38,22 @@ def supports(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> str |
 
 
 def gated_residual(
-    x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor, *, rows_per_thread: int = 0
+    x: torch.Tensor,
+    update: torch.Tensor,
+    gate: torch.Tensor,
+    *,
+    rows_per_thread: int = 0,
+    packs_per_thread: int = 0,
+    block_cols: int = 0,
 ) -> torch.Tensor:
     """``x + update * gate`` as a new tensor, bit-identical to eager on the same GPU.
 
-    ``rows_per_thread`` (1, 2, 4 or 8) sets how many rows one thread handles (sharing one gate
-    load) on the row-tiled path; 0 picks: 1 for vector gates, 1..4 by size for per-token gates.
+    Launch knobs (0 = chosen from the shape; they never change the result):
+    ``rows_per_thread`` (1, 2, 4 or 8): rows one thread handles (sharing one gate load) on the
+    row-tiled path; auto is 1 for vector gates, 1..4 by size for per-token gates.
+    ``packs_per_thread`` (1, 2 or 4): 16-byte packs per thread on the flat (full gate) path.
+    ``block_cols`` (32..256, by 32): most threads a row-tiled block puts along one row.
     Raises CudaKernelUnavailable if the extension cannot be built.
     """
     mod = _EXT.module or _EXT.load()
-    return mod.gated_residual(x, update, gate, rows_per_thread)
+    return mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols)

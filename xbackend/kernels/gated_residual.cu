@@ -251,7 +251,8 @@ template <typename T, bool kPerToken>
 bool launch_row_tile(const Args& a, int sms, cudaStream_t stream) {
   constexpr int N = Pack<T>::kSize;
   const int64_t packs = a.d / N;
-  const int64_t col_blocks = ceil_div(packs, kThreads);
+  const int64_t max_cols = a.block_cols > 0 ? a.block_cols : kThreads;
+  const int64_t col_blocks = ceil_div(packs, max_cols);
   int64_t bdx = ceil_div(packs, col_blocks);
   if (bdx > 32) bdx = ceil_div(bdx, 32) * 32;
   // Narrow rows: stack several rows of threads in one block so blocks stay kThreads wide.
@@ -289,15 +290,18 @@ void launch_typed(const Args& a, cudaStream_t stream) {
 
   if (full && packs_aligned && aligned16(g)) {
     const int64_t n_packs = n / N;
-    if (n_packs / 4 >= static_cast<int64_t>(sms) * 2048) {
-      const unsigned blocks = static_cast<unsigned>(ceil_div(n_packs, kThreads * 4));
-      flat_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n);
-    } else {
-      const int64_t want = ceil_div(n_packs, kThreads);
+    int packs = a.packs_per_thread;
+    if (packs == 0) packs = n_packs / 4 >= static_cast<int64_t>(sms) * 2048 ? 4 : 1;
+    const int64_t want = ceil_div(n_packs, static_cast<int64_t>(kThreads) * packs);
+    if (want <= INT32_MAX) {
       const unsigned blocks = static_cast<unsigned>(want > 0 ? want : 1);  // block 0 owns the tail
-      flat_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n);
+      switch (packs) {
+        case 1: flat_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n); break;
+        case 2: flat_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n); break;
+        default: flat_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n); break;
+      }
+      return;
     }
-    return;
   }
   const bool gate_packs = a.per_token || (aligned16(g) && a.gate_row_stride % N == 0);
   if (packs_aligned && a.d % N == 0 && gate_packs) {

@@ -95,15 +95,23 @@ Args plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate)
 }
 
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate,
-                          int64_t rows_per_thread) {
+                          int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols) {
   TORCH_CHECK(rows_per_thread == 0 || rows_per_thread == 1 || rows_per_thread == 2 ||
                   rows_per_thread == 4 || rows_per_thread == 8,
-              "gated_residual: rows_per_thread must be 0 (auto), 1, 2, 4 or 8");
+              "gated_residual: rows_per_thread must be 0 (auto), 1, 2, 4 or 8, got ", rows_per_thread);
+  TORCH_CHECK(packs_per_thread == 0 || packs_per_thread == 1 || packs_per_thread == 2 ||
+                  packs_per_thread == 4,
+              "gated_residual: packs_per_thread must be 0 (auto), 1, 2 or 4, got ", packs_per_thread);
+  TORCH_CHECK(block_cols == 0 || (block_cols >= 32 && block_cols <= 256 && block_cols % 32 == 0),
+              "gated_residual: block_cols must be 0 (auto) or a multiple of 32 in 32..256, got ",
+              block_cols);
   Args a = plan(x, update, gate);
   at::Tensor out = at::empty(x.sizes(), x.options());
   if (out.numel() == 0) return out;
   a.out = out.data_ptr();
   a.rows_per_thread = static_cast<int>(rows_per_thread);
+  a.packs_per_thread = static_cast<int>(packs_per_thread);
+  a.block_cols = static_cast<int>(block_cols);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaError_t err = xbackend_gr::launch(a, c10::cuda::getCurrentCUDAStream(a.device).stream());
   TORCH_CHECK(err == cudaSuccess, "gated_residual: kernel launch failed: ", cudaGetErrorString(err));
@@ -115,5 +123,6 @@ at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& update, const a
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gated_residual", &gated_residual,
         "x + update * gate as a new tensor, rounded like eager PyTorch", py::arg("x"),
-        py::arg("update"), py::arg("gate"), py::arg("rows_per_thread") = 0);
+        py::arg("update"), py::arg("gate"), py::arg("rows_per_thread") = 0,
+        py::arg("packs_per_thread") = 0, py::arg("block_cols") = 0);
 }
