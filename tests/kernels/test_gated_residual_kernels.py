@@ -292,10 +292,27 @@ def test_gpu_cuda_block_cols_exact(block_cols: int, shape, gate_shape) -> None:
 @gpu
 @pytest.mark.parametrize("knob", [{"rows_per_thread": 3}, {"packs_per_thread": 8}, {"block_cols": 48}], ids=str)
 def test_gpu_cuda_bad_knob_names_the_argument(knob: dict) -> None:
+    # The binding returns errors instead of throwing: a C++ exception crashed the H200 image (#3).
     x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=29)
     name = next(iter(knob))
     with pytest.raises(RuntimeError, match=f"gated_residual: {name} must be"):
         cuda_gr.gated_residual(x, update, gate, **knob)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_direct_call_rejects_what_supports_rejects() -> None:
+    x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=31)
+    cases = [
+        ((x.transpose(1, 2), update.transpose(1, 2), gate.transpose(1, 2)[:, :1]), "x must be contiguous"),
+        ((x, update, gate.float()), "x, update and gate must share one dtype"),
+        ((x, update[:, :4], gate), "update shape differs from x"),
+        ((x, update, gate[..., :3]), "gate last dim must be D or 1"),
+    ]
+    for args, reason in cases:
+        assert cuda_gr.supports(*args) == reason
+        with pytest.raises(RuntimeError, match=f"gated_residual: {reason}"):
+            cuda_gr.gated_residual(*args)
 
 
 @pytest.mark.gpu

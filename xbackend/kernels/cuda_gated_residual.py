@@ -52,8 +52,12 @@ def gated_residual(
     ``rows_per_thread`` (1, 2, 4 or 8): rows one thread handles (sharing one gate load) on the
     row-tiled path; auto is 1 for vector gates, 1..4 by size for per-token gates.
     ``packs_per_thread`` (1, 2 or 4): 16-byte packs per thread on the flat (full gate) path.
-    ``block_cols`` (32..256, by 32): most threads a row-tiled block puts along one row.
-    Raises CudaKernelUnavailable if the extension cannot be built.
+    ``block_cols`` (32..256, by 32): threads per row-tiled block (narrow rows stack several rows).
+    Raises CudaKernelUnavailable if the extension cannot be built, RuntimeError naming the argument
+    for inputs or knobs the kernels do not take.
     """
     mod = _EXT.module or _EXT.load()
-    return mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols)
+    out = mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols)
+    if type(out) is str:  # the binding reports errors as a message (see gated_residual_binding.cpp)
+        raise RuntimeError(out)
+    return out

@@ -22,7 +22,12 @@
 namespace xbackend_gr {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // most threads per block (launch bound)
+// Threads per block by default, flat and row tile: torch.compile's pointwise shape (1024 elements per
+// 4 warps). On an H200 (bf16, gpu/gated_residual_variants.py) 128-thread blocks with one pack per thread
+// and plain loads matched compile at every seed shape, where 256-thread blocks, several packs per
+// thread and ld.global.nc loads were 0.5-4.5% slower at [1, 4096..4608, 3072] and [1, 8160, 4096].
+constexpr int kBlockThreads = 128;
 constexpr int kMaxDevices = 64;
 
 template <typename T>
@@ -60,11 +65,27 @@ struct alignas(16) Pack {
   T v[kSize];
 };
 
+// x and update stream through once: a plain ld.global (the .nc path __ldg takes measured slower).
 template <typename T>
 __device__ __forceinline__ Pack<T> load(const T* p) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  uint4 r;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
   Pack<T> out;
-  *reinterpret_cast<uint4*>(&out) = raw;
+  *reinterpret_cast<uint4*>(&out) = r;
+  return out;
+}
+
+// A broadcast gate row is re-read by every row that shares it: ask L1 to keep it.
+template <typename T>
+__device__ __forceinline__ Pack<T> load_keep(const T* p) {
+  uint4 r;
+  asm volatile("ld.global.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  Pack<T> out;
+  *reinterpret_cast<uint4*>(&out) = r;
   return out;
 }
 
@@ -102,11 +123,11 @@ __global__ void __launch_bounds__(kThreads)
                 const T* __restrict__ g, int64_t n) {
   constexpr int N = Pack<T>::kSize;
   const int64_t n_packs = n / N;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kPacks) + threadIdx.x;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * (blockDim.x * kPacks) + threadIdx.x;
   Pack<T> xs[kPacks], us[kPacks], gs[kPacks];
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = base + k * kThreads;
+    const int64_t p = base + k * static_cast<int64_t>(blockDim.x);
     if (p < n_packs) {
       xs[k] = load(x + p * N);
       us[k] = load(u + p * N);
@@ -115,7 +136,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = base + k * kThreads;
+    const int64_t p = base + k * static_cast<int64_t>(blockDim.x);
     if (p < n_packs) store(out + p * N, combine(xs[k], us[k], gs[k]));
   }
   // The last n % N elements do not fill a pack.
@@ -125,60 +146,67 @@ __global__ void __launch_bounds__(kThreads)
 
 // How a row tile finds its gate rows.
 enum GateRows : int {
-  kPerTile = 0,  // all R rows share one gate row (inner % R == 0, or a single gate row)
+  kPerTile = 0,  // all R rows share one gate row (inner % R == 0)
   kPerRow = 1,   // gate row == x row (inner == 1)
   kDivide = 2,   // gate row == x row / inner
+  kSingle = 3,   // one gate row for all rows (inner >= rows): no 64-bit division per thread
 };
 
 template <typename T, int R, bool kPerToken, int kGateRows>
 __global__ void __launch_bounds__(kThreads)
     row_tile_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ u,
                     const T* __restrict__ g, int64_t rows, int64_t d, int64_t inner,
-                    int64_t g_row_stride, unsigned col_blocks) {
+                    int64_t g_row_stride) {
   constexpr int N = Pack<T>::kSize;
-  constexpr int G = kGateRows == kPerTile ? 1 : R;  // gate loads per thread
+  constexpr int G = kGateRows == kPerTile || kGateRows == kSingle ? 1 : R;  // gate loads per thread
   using Gate = std::conditional_t<kPerToken, T, Pack<T>>;
 
-  // Linear grid, column blocks fastest: consecutive blocks stream consecutive memory.
-  const unsigned col_block = blockIdx.x % col_blocks;
-  const unsigned tile = blockIdx.x / col_blocks;
-  const int64_t c = static_cast<int64_t>(col_block) * blockDim.x + threadIdx.x;
-  const int64_t row0 = (static_cast<int64_t>(tile) * blockDim.y + threadIdx.y) * R;
-  if (c * N >= d || row0 >= rows) return;
+  // 2-D grid (column block, row tile), x fastest so consecutive blocks stream consecutive memory;
+  // row tiles past gridDim.y (65535) loop.
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c * N >= d) return;
   const int64_t col = c * N;
+  const int64_t tile_rows = static_cast<int64_t>(blockDim.y) * R;
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * tile_rows + threadIdx.y * R; row0 < rows;
+       row0 += static_cast<int64_t>(gridDim.y) * tile_rows) {
 
-  Pack<T> xs[R], us[R];
+    Pack<T> xs[R], us[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (row0 + r < rows) {
-      const int64_t off = (row0 + r) * d + col;
-      xs[r] = load(x + off);
-      us[r] = load(u + off);
-    }
-  }
-  Gate gs[G];
-#pragma unroll
-  for (int r = 0; r < G; ++r) {
-    if (row0 + r < rows) {
-      int64_t grow;
-      if constexpr (kGateRows == kPerTile) {
-        grow = row0 / inner;
-      } else if constexpr (kGateRows == kPerRow) {
-        grow = row0 + r;
-      } else {
-        grow = (row0 + r) / inner;
-      }
-      if constexpr (kPerToken) {
-        gs[r] = load_scalar(g + grow * g_row_stride);
-      } else {
-        gs[r] = load(g + grow * g_row_stride + col);
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r < rows) {
+        const int64_t off = (row0 + r) * d + col;
+        xs[r] = load(x + off);
+        us[r] = load(u + off);
       }
     }
-  }
+    Gate gs[G];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (row0 + r < rows) {
-      store(out + (row0 + r) * d + col, combine(xs[r], us[r], gs[G == 1 ? 0 : r]));
+    for (int r = 0; r < G; ++r) {
+      if (row0 + r < rows) {
+        int64_t grow;
+        if constexpr (kGateRows == kSingle) {
+          grow = 0;
+        } else if constexpr (kGateRows == kPerTile) {
+          grow = row0 / inner;
+        } else if constexpr (kGateRows == kPerRow) {
+          grow = row0 + r;
+        } else {
+          grow = (row0 + r) / inner;
+        }
+        if constexpr (kPerToken) {
+          gs[r] = load_scalar(g + grow * g_row_stride);
+        } else if constexpr (kGateRows == kPerRow) {
+          gs[r] = load(g + grow * g_row_stride + col);  // read once
+        } else {
+          gs[r] = load_keep(g + grow * g_row_stride + col);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r < rows) {
+        store(out + (row0 + r) * d + col, combine(xs[r], us[r], gs[G == 1 ? 0 : r]));
+      }
     }
   }
 }
@@ -225,53 +253,51 @@ int pick_rows_per_thread(int64_t rows, int64_t packs_per_row, int sms) {
 }
 
 template <typename T, int R, bool kPerToken>
-void launch_row_tile_r(const Args& a, dim3 grid, dim3 block, unsigned col_blocks,
-                       cudaStream_t stream) {
+void launch_row_tile_r(const Args& a, dim3 grid, dim3 block, cudaStream_t stream) {
   auto* out = static_cast<T*>(a.out);
   auto* x = static_cast<const T*>(a.x);
   auto* u = static_cast<const T*>(a.update);
   auto* g = static_cast<const T*>(a.gate);
-  if (R == 1 || a.inner % R == 0 || a.inner >= a.rows) {
-    row_tile_kernel<T, R, kPerToken, kPerTile>
-        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride,
-                                      col_blocks);
+  if (a.inner >= a.rows) {
+    row_tile_kernel<T, R, kPerToken, kSingle>
+        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
   } else if (a.inner == 1) {
     row_tile_kernel<T, R, kPerToken, kPerRow>
-        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride,
-                                      col_blocks);
+        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
+  } else if (R == 1 || a.inner % R == 0) {
+    row_tile_kernel<T, R, kPerToken, kPerTile>
+        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
   } else {
     row_tile_kernel<T, R, kPerToken, kDivide>
-        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride,
-                                      col_blocks);
+        <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
   }
 }
 
-// Returns false (launching nothing) when the grid would not fit in one dimension.
+// Returns false (launching nothing) when the column blocks would not fit in gridDim.x.
 template <typename T, bool kPerToken>
 bool launch_row_tile(const Args& a, int sms, cudaStream_t stream) {
   constexpr int N = Pack<T>::kSize;
   const int64_t packs = a.d / N;
-  const int64_t max_cols = a.block_cols > 0 ? a.block_cols : kThreads;
+  const int64_t max_cols = a.block_cols > 0 ? a.block_cols : kBlockThreads;
   const int64_t col_blocks = ceil_div(packs, max_cols);
   int64_t bdx = ceil_div(packs, col_blocks);
   if (bdx > 32) bdx = ceil_div(bdx, 32) * 32;
-  // Narrow rows: stack several rows of threads in one block so blocks stay kThreads wide.
-  const int64_t bdy = bdx >= kThreads ? 1 : kThreads / bdx;
+  // Narrow rows: stack several rows of threads in one block so blocks stay max_cols wide.
+  const int64_t bdy = bdx >= max_cols ? 1 : max_cols / bdx;
   // Vector gates take one row per thread: on an H200 (bf16, D 3072..4608) that beat 2, 4 and 8 rows
   // by 3-12% even though the gate pack is then reloaded per row; it hits L1/L2, while several rows
   // per thread put 8 KB-strided streams into every warp instruction.
   int r = a.rows_per_thread;
   if (r == 0) r = kPerToken ? pick_rows_per_thread(a.rows, packs, sms) : 1;
-  const int64_t blocks = ceil_div(a.rows, r * bdy) * col_blocks;
-  if (blocks > INT32_MAX) return false;
+  const int64_t tiles = ceil_div(a.rows, r * bdy);
+  if (col_blocks > INT32_MAX) return false;
   const dim3 block(static_cast<unsigned>(bdx), static_cast<unsigned>(bdy));
-  const dim3 grid(static_cast<unsigned>(blocks));
-  const auto cb = static_cast<unsigned>(col_blocks);
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(tiles < 65535 ? tiles : 65535));
   switch (r) {
-    case 1: launch_row_tile_r<T, 1, kPerToken>(a, grid, block, cb, stream); break;
-    case 2: launch_row_tile_r<T, 2, kPerToken>(a, grid, block, cb, stream); break;
-    case 4: launch_row_tile_r<T, 4, kPerToken>(a, grid, block, cb, stream); break;
-    default: launch_row_tile_r<T, 8, kPerToken>(a, grid, block, cb, stream); break;
+    case 1: launch_row_tile_r<T, 1, kPerToken>(a, grid, block, stream); break;
+    case 2: launch_row_tile_r<T, 2, kPerToken>(a, grid, block, stream); break;
+    case 4: launch_row_tile_r<T, 4, kPerToken>(a, grid, block, stream); break;
+    default: launch_row_tile_r<T, 8, kPerToken>(a, grid, block, stream); break;
   }
   return true;
 }
@@ -290,15 +316,14 @@ void launch_typed(const Args& a, cudaStream_t stream) {
 
   if (full && packs_aligned && aligned16(g)) {
     const int64_t n_packs = n / N;
-    int packs = a.packs_per_thread;
-    if (packs == 0) packs = n_packs / 4 >= static_cast<int64_t>(sms) * 2048 ? 4 : 1;
-    const int64_t want = ceil_div(n_packs, static_cast<int64_t>(kThreads) * packs);
+    const int packs = a.packs_per_thread > 0 ? a.packs_per_thread : 1;
+    const int64_t want = ceil_div(n_packs, static_cast<int64_t>(kBlockThreads) * packs);
     if (want <= INT32_MAX) {
       const unsigned blocks = static_cast<unsigned>(want > 0 ? want : 1);  // block 0 owns the tail
       switch (packs) {
-        case 1: flat_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n); break;
-        case 2: flat_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n); break;
-        default: flat_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(out, x, u, g, n); break;
+        case 1: flat_kernel<T, 1><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
+        case 2: flat_kernel<T, 2><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
+        default: flat_kernel<T, 4><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
       }
       return;
     }

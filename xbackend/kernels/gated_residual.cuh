@@ -25,8 +25,8 @@ struct Args {
   DType dtype;
   int device;           // only used to look up the multiprocessor count
   int rows_per_thread;   // 0: chosen from the shape; else 1, 2, 4 or 8
-  int packs_per_thread;  // flat path: 0 chosen from the size; else 1, 2 or 4
-  int block_cols;        // row tile: most threads along a row per block, 0 (= 256) or 32..256 by 32
+  int packs_per_thread;  // flat path: 0 (= 1) or 1, 2, 4
+  int block_cols;        // row tile: threads per block, 0 (= 128) or 32..256 by 32; narrow rows stack
 };
 
 // Enqueues the kernel on `stream` and returns the launch status (cudaGetLastError).

@@ -1,10 +1,17 @@
 // Python binding for the gated_residual CUDA kernels: one plain pybind function taking tensors, so a
 // call costs a pybind dispatch, one allocation and one launch (no dispatcher, no Python-side plan).
+//
+// Errors come back as a message string, which the Python wrapper raises: nothing here throws. On the
+// H200 image (torch 2.11 + cu130, JIT-built with its host compiler) any C++ exception thrown in such
+// an extension, TORCH_CHECK included, ended the process with SIGSEGV instead of raising RuntimeError
+// (gpu/cpp_throw_check.py).
 
 #include <torch/extension.h>
 
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <sstream>
+#include <string>
 
 #include "gated_residual.cuh"
 
@@ -13,32 +20,37 @@ namespace {
 using xbackend_gr::Args;
 using xbackend_gr::DType;
 
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    default: TORCH_CHECK(false, "gated_residual: dtype ", t, " not supported");
-  }
+template <typename... Parts>
+std::string message(const Parts&... parts) {
+  std::ostringstream out;
+  out << "gated_residual: ";
+  (out << ... << parts);
+  return out.str();
 }
 
 // Same rules (and messages) as xbackend/kernels/_gated_residual_layout.py::analyze, which callers
 // use through supports(); repeated here so a direct call can never launch on a layout the kernels
-// do not handle.
-Args plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate) {
-  Args a{};
-  a.dtype = to_dtype(x.scalar_type());
-  TORCH_CHECK(update.scalar_type() == x.scalar_type() && gate.scalar_type() == x.scalar_type(),
-              "gated_residual: x, update and gate must share one dtype");
-  TORCH_CHECK(x.is_cuda(), "gated_residual: needs a CUDA tensor");
-  TORCH_CHECK(update.device() == x.device() && gate.device() == x.device(),
-              "gated_residual: tensors on different devices");
+// do not handle. Returns the reason, or "" with `a` filled in.
+std::string plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate, Args& a) {
+  switch (x.scalar_type()) {
+    case at::kFloat: a.dtype = DType::kFloat32; break;
+    case at::kHalf: a.dtype = DType::kFloat16; break;
+    case at::kBFloat16: a.dtype = DType::kBFloat16; break;
+    default: return message("dtype ", x.scalar_type(), " not supported");
+  }
+  if (update.scalar_type() != x.scalar_type() || gate.scalar_type() != x.scalar_type()) {
+    return message("x, update and gate must share one dtype");
+  }
+  if (!x.is_cuda()) return message("needs a CUDA tensor");
+  if (update.device() != x.device() || gate.device() != x.device()) {
+    return message("tensors on different devices");
+  }
   const int64_t nd = x.dim();
-  TORCH_CHECK(nd >= 1, "gated_residual: x must have at least one dim");
-  TORCH_CHECK(update.sizes() == x.sizes(), "gated_residual: update shape differs from x");
-  TORCH_CHECK(gate.dim() <= nd, "gated_residual: gate has more dims than x");
-  TORCH_CHECK(x.is_contiguous(), "gated_residual: x must be contiguous");
-  TORCH_CHECK(update.is_contiguous(), "gated_residual: update must be contiguous");
+  if (nd < 1) return message("x must have at least one dim");
+  if (update.sizes() != x.sizes()) return message("update shape differs from x");
+  if (gate.dim() > nd) return message("gate has more dims than x");
+  if (!x.is_contiguous()) return message("x must be contiguous");
+  if (!update.is_contiguous()) return message("update must be contiguous");
 
   const int64_t pad = nd - gate.dim();
   auto gsize = [&](int64_t i) { return i < pad ? int64_t{1} : gate.size(i - pad); };
@@ -46,9 +58,9 @@ Args plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate)
   const int64_t d = x.size(nd - 1);
   if (gsize(nd - 1) == d) {
     a.per_token = false;
-    TORCH_CHECK(d <= 1 || gstride(nd - 1) == 1, "gated_residual: gate last dim must be contiguous");
+    if (d > 1 && gstride(nd - 1) != 1) return message("gate last dim must be contiguous");
   } else {
-    TORCH_CHECK(gsize(nd - 1) == 1, "gated_residual: gate last dim must be D or 1");
+    if (gsize(nd - 1) != 1) return message("gate last dim must be D or 1");
     a.per_token = true;
   }
 
@@ -56,12 +68,11 @@ Args plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate)
   // broadcasts over; every row dim before the last one the gate varies along must match x.
   int64_t last = -1;
   for (int64_t i = 0; i < nd - 1; ++i) {
-    TORCH_CHECK(gsize(i) == 1 || gsize(i) == x.size(i), "gated_residual: gate does not broadcast to x");
+    if (gsize(i) != 1 && gsize(i) != x.size(i)) return message("gate does not broadcast to x");
     if (gsize(i) != 1) last = i;
   }
   for (int64_t i = 0; i < last; ++i) {
-    TORCH_CHECK(gsize(i) == x.size(i),
-                "gated_residual: gate broadcasts over an outer dim but not an inner one");
+    if (gsize(i) != x.size(i)) return message("gate broadcasts over an outer dim but not an inner one");
   }
   int64_t rows = 1;
   int64_t inner = 1;
@@ -76,8 +87,8 @@ Args plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate)
     if (gsize(i) == 1) continue;
     if (!have_expected) {
       stride = gstride(i);
-    } else {
-      TORCH_CHECK(gstride(i) == expected, "gated_residual: gate rows are not evenly strided");
+    } else if (gstride(i) != expected) {
+      return message("gate rows are not evenly strided");
     }
     expected = gstride(i) * gsize(i);
     have_expected = true;
@@ -91,38 +102,53 @@ Args plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate)
   a.update = update.data_ptr();
   a.gate = gate.data_ptr();
   a.device = x.get_device();
-  return a;
+  return {};
 }
 
-at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate,
+std::string check_knobs(int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols) {
+  if (rows_per_thread != 0 && rows_per_thread != 1 && rows_per_thread != 2 && rows_per_thread != 4 &&
+      rows_per_thread != 8) {
+    return message("rows_per_thread must be 0 (auto), 1, 2, 4 or 8, got ", rows_per_thread);
+  }
+  if (packs_per_thread != 0 && packs_per_thread != 1 && packs_per_thread != 2 && packs_per_thread != 4) {
+    return message("packs_per_thread must be 0 (auto), 1, 2 or 4, got ", packs_per_thread);
+  }
+  if (block_cols != 0 && (block_cols < 32 || block_cols > 256 || block_cols % 32 != 0)) {
+    return message("block_cols must be 0 (auto) or a multiple of 32 in 32..256, got ", block_cols);
+  }
+  return {};
+}
+
+// The new tensor x + update * gate, or the reason it cannot be computed as a str.
+py::object gated_residual(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate,
                           int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols) {
-  TORCH_CHECK(rows_per_thread == 0 || rows_per_thread == 1 || rows_per_thread == 2 ||
-                  rows_per_thread == 4 || rows_per_thread == 8,
-              "gated_residual: rows_per_thread must be 0 (auto), 1, 2, 4 or 8, got ", rows_per_thread);
-  TORCH_CHECK(packs_per_thread == 0 || packs_per_thread == 1 || packs_per_thread == 2 ||
-                  packs_per_thread == 4,
-              "gated_residual: packs_per_thread must be 0 (auto), 1, 2 or 4, got ", packs_per_thread);
-  TORCH_CHECK(block_cols == 0 || (block_cols >= 32 && block_cols <= 256 && block_cols % 32 == 0),
-              "gated_residual: block_cols must be 0 (auto) or a multiple of 32 in 32..256, got ",
-              block_cols);
-  Args a = plan(x, update, gate);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (out.numel() == 0) return out;
+  Args a{};
+  std::string err = check_knobs(rows_per_thread, packs_per_thread, block_cols);
+  if (err.empty()) err = plan(x, update, gate, a);
+  if (!err.empty()) return py::str(err);
+  at::Tensor out = at::empty(x.sizes(), x.options());  // can only fail by running out of memory
+  if (out.numel() == 0) return py::cast(out);
   a.out = out.data_ptr();
   a.rows_per_thread = static_cast<int>(rows_per_thread);
   a.packs_per_thread = static_cast<int>(packs_per_thread);
   a.block_cols = static_cast<int>(block_cols);
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaError_t err = xbackend_gr::launch(a, c10::cuda::getCurrentCUDAStream(a.device).stream());
-  TORCH_CHECK(err == cudaSuccess, "gated_residual: kernel launch failed: ", cudaGetErrorString(err));
-  return out;
+  // The stream getter takes the device index (no device guard needed: the launch goes to a stream
+  // of x's device); cudaSetDevice picks the device for the launch itself.
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != a.device) cudaSetDevice(a.device);
+  const cudaError_t status =
+      xbackend_gr::launch(a, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(a.device)).stream());
+  if (prev != a.device && prev >= 0) cudaSetDevice(prev);
+  if (status != cudaSuccess) return py::str(message("kernel launch failed: ", cudaGetErrorString(status)));
+  return py::cast(out);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gated_residual", &gated_residual,
-        "x + update * gate as a new tensor, rounded like eager PyTorch", py::arg("x"),
-        py::arg("update"), py::arg("gate"), py::arg("rows_per_thread") = 0,
+        "x + update * gate as a new tensor, rounded like eager PyTorch; a str describes an error",
+        py::arg("x"), py::arg("update"), py::arg("gate"), py::arg("rows_per_thread") = 0,
         py::arg("packs_per_thread") = 0, py::arg("block_cols") = 0);
 }
