@@ -10,7 +10,11 @@ schedules the production kernel does not have, with the same arithmetic (the dev
   following the cross-warp barrier);
 - ``persist``: a grid of ``ctas`` programs per SM looping over rows, ``prefetch`` loading the next row
   before reducing the current one (register double buffering);
-- a Triton copy with the same tile and grid, to see what this access pattern can reach at all.
+- a Triton copy with the same tile and grid, to see what this access pattern can reach at all;
+- ``pdl`` (``--pdl``): programmatic dependent launch (Hopper): the kernel waits on the previous grid
+  (``griddepcontrol.wait``) before reading anything and lets the next one launch at once, so a
+  stream of back-to-back launches overlaps each launch and ramp-up with the previous kernel's tail.
+  Timed with the bench harness (``time_rotated``: device time of 4 or 16 back-to-back calls).
 
 Times are do_bench medians over 3 rotating 267 MB inputs, in one process beside ``copy_`` and
 ``torch.compile`` of the same expression.
@@ -25,13 +29,16 @@ import sys
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from xbackend.bench._harness import time_rotated
 from xbackend.kernels import triton_rmsnorm as K
 
 SHAPE = (1, 32640, 4096)
@@ -91,7 +98,11 @@ def _variant_kernel(
     PREFETCH: tl.constexpr,
     COPY: tl.constexpr,
     RSQRT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # everything below may read what the previous grid wrote
+        gdc_launch_dependents()
     toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
     cols = toff + tl.arange(0, KK)[None, None, :, None] * (A * B)
     cmask = cols < D
@@ -142,7 +153,7 @@ def copy_1d(x, out, block, warps, store_cs=False):
 COPY_CONFIGS = [(1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (4096, 4, True)]
 
 
-def launch(x, w, out, *, r=1, warps=4, w_early=False, persist=0, prefetch=False, copy=False):
+def launch(x, w, out, *, r=1, warps=4, w_early=False, persist=0, prefetch=False, copy=False, pdl=False):
     m, d = x.numel() // x.shape[-1], x.shape[-1]
     plan = K._torch_plan(d, K.CUDA_NUMERICS)
     nblk = triton.cdiv(m, r)
@@ -166,8 +177,10 @@ def launch(x, w, out, *, r=1, warps=4, w_early=False, persist=0, prefetch=False,
         prefetch,
         copy,
         K.default_numerics().rsqrt,
+        pdl,
         num_warps=warps,
         enable_fp_fusion=False,
+        launch_pdl=pdl,
     )
     return out, kern
 
@@ -176,10 +189,52 @@ def launch(x, w, out, *, r=1, warps=4, w_early=False, persist=0, prefetch=False,
 CONFIGS = [dict(), dict(w_early=True), dict(r=2, warps=8), dict(persist=4, prefetch=True), dict(copy=True)]  # fmt: skip
 
 
+def pdl_main(out_dir: str, rounds: int = 3) -> None:
+    xs = [(torch.randn(SHAPE, device="cuda").to(torch.bfloat16),) for _ in range(3)]
+    w = (1 + 0.5 * torch.randn(SHAPE[-1], device="cuda")).to(torch.bfloat16)
+    ref = F.rms_norm(xs[0][0], (SHAPE[-1],), w, EPS)
+    compiled = torch.compile(lambda x: F.rms_norm(x, (SHAPE[-1],), w, EPS))
+    compiled(xs[0][0])
+    fns = {
+        "copy_": lambda x: torch.empty_like(x).copy_(x),
+        "compile": compiled,
+        "production": lambda x: K.rmsnorm(x, w, EPS, "torch"),
+    }
+    if hasattr(torch._inductor.config.triton, "enable_pdl"):  # inductor's own PDL switch, for a fair pair
+        with torch._inductor.config.patch({"triton.enable_pdl": True}):
+            compiled_pdl = torch.compile(lambda x: F.rms_norm(x, (SHAPE[-1],), w, EPS))
+            compiled_pdl(xs[0][0])
+        fns["compile (inductor enable_pdl)"] = compiled_pdl
+    exact = {}
+    for cfg in (dict(), dict(pdl=True), dict(r=2, warps=8), dict(r=2, warps=8, pdl=True)):
+        name = " ".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in cfg.items()) or "variant default"
+        fns[name] = lambda x, cfg=cfg: launch(x, w, torch.empty_like(x), **cfg)[0]
+        exact[name] = torch.equal(fns[name](xs[0][0]), ref)
+    results: list[dict] = []
+    for k in range(rounds):
+        for calls in (4, 16):
+            results.append({"calls": calls, "round": k, **{n: time_rotated(f, xs, reps=60, calls_per_rep=calls)
+                                                              for n, f in fns.items()}})
+    for calls in (4, 16):
+        rows = [r for r in results if r["calls"] == calls]
+        print(f"\n{calls} back-to-back calls per timed rep ({rounds} rounds, median us per call):")
+        for n in fns:
+            us = sorted(r[n] for r in rows)[len(rows) // 2]
+            ratio = " ".join(f"{r['compile'] / r[n]:5.3f}" for r in rows)
+            print(f"  {n:<28} {us:8.1f} us  {rows[0]['copy_'] / us * 100:5.1f}% of copy_  x compile per round: "
+                  f"{ratio}  exact={exact.get(n, '-')}")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    Path(out_dir, "rmsnorm_pdl.json").write_text(json.dumps({"rounds": results, "exact": exact}, indent=1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/xbackend-out"))
+    p.add_argument("--pdl", action="store_true", help="only the programmatic-dependent-launch comparison")
     args = p.parse_args()
+    if args.pdl:
+        pdl_main(args.out)
+        return
     xs = [torch.randn(SHAPE, device="cuda").to(torch.bfloat16) for _ in range(3)]
     outs = [torch.empty_like(x) for x in xs]
     w = (1 + 0.5 * torch.randn(SHAPE[-1], device="cuda")).to(torch.bfloat16)

@@ -443,6 +443,43 @@ GPU_RMS = (
 )
 
 
+def test_pdl_only_on_cuda_compute_capability_9_and_up(monkeypatch):
+    """Programmatic dependent launch needs Hopper's griddepcontrol; never on ROCm or the interpreter."""
+    for hip, cap, want in [(None, (9, 0), True), (None, (10, 3), True), (None, (8, 9), False), ("6.4", (9, 4), False)]:
+        K._pdl_capable.cache_clear()
+        monkeypatch.setattr(torch.version, "hip", hip)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None, cap=cap: cap)
+        assert K._pdl_capable(0) is want
+    K._pdl_capable.cache_clear()
+    x = _rand((3, 64), torch.float32, seed=13)
+    assert not K._use_pdl(x)  # not a CUDA tensor
+    K._LAUNCHES.clear()
+    K.rmsnorm(x, None, EPS, "torch")
+    (lp,) = K._LAUNCHES.values()
+    assert "launch_pdl" not in lp.options and lp.consts[-1] is False
+    monkeypatch.setattr(K, "_PDL", True)  # the knob overrides the probe
+    assert K._use_pdl(x)
+    K._LAUNCHES.clear()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_pdl_launches_chain_exactly():
+    """On sm90+ the exact kernels launch with PDL; a chain where each norm reads the previous one's
+    output stays bit-identical (each program waits for the previous grid before loading)."""
+    x = _rand((4096, 4096), torch.bfloat16, seed=14)
+    w = _rand(4096, torch.bfloat16, seed=15, scale=0.5, offset=1.0)
+    K._LAUNCHES.clear()
+    y, want = x, x
+    for _ in range(8):
+        y, want = K.rmsnorm(y, w, EPS, "torch"), _ref(want, w, EPS, "torch")
+    assert torch.equal(y, want)
+    (lp,) = K._LAUNCHES.values()
+    hopper = torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None
+    assert lp.options.get("launch_pdl", False) is hopper
+    assert all(k.metadata.launch_pdl is hopper for k in lp.kernels.values())
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_rmsnorm_tuned_launch_odd_rows():
