@@ -7,8 +7,10 @@ compiler, like xbackend's CUDA extensions) and runs each case in its own subproc
 does not hide the others: ``caught`` (TORCH_CHECK thrown and caught inside the function, a str
 returned), ``escaping`` (TORCH_CHECK thrown through pybind11: should be RuntimeError), ``std`` (a
 std::runtime_error through pybind11). Prints each case's exit status. On the H200 image (torch 2.11 +
-cu130) the gated_residual binding's TORCH_CHECK ended the process with SIGSEGV (2026-11-30); since then
-the binding reports errors as a returned message (xbackend/kernels/gated_residual_binding.cpp).
+cu130, 2026-11-30; results/h200/cpp_throw_check.txt) ``caught`` and ``escaping`` died with SIGSEGV
+(exit -11) and ``std`` raised RuntimeError; on the CPU build machine (torch 2.13) all three behave. So
+the gated_residual binding reports errors as a returned message and never throws
+(xbackend/kernels/gated_residual_binding.cpp).
 """
 
 from __future__ import annotations

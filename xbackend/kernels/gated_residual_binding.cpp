@@ -2,9 +2,9 @@
 // call costs a pybind dispatch, one allocation and one launch (no dispatcher, no Python-side plan).
 //
 // Errors come back as a message string, which the Python wrapper raises: nothing here throws. On the
-// H200 image (torch 2.11 + cu130, JIT-built with its host compiler) any C++ exception thrown in such
-// an extension, TORCH_CHECK included, ended the process with SIGSEGV instead of raising RuntimeError
-// (gpu/cpp_throw_check.py).
+// H200 image (torch 2.11 + cu130, JIT-built with its host compiler) a TORCH_CHECK in such an extension
+// ended the process with SIGSEGV, even when caught in the same function; a std::runtime_error reached
+// Python as RuntimeError (gpu/cpp_throw_check.py, results/h200/cpp_throw_check.txt).
 
 #include <torch/extension.h>
 
