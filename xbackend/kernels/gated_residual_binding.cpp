@@ -1,16 +1,17 @@
 // Python binding for the gated_residual CUDA kernels: one plain pybind function taking tensors, so a
 // call costs a pybind dispatch, one allocation and one launch (no dispatcher, no Python-side plan).
 //
-// Errors come back as a message string, which the Python wrapper raises: nothing here throws. On the
-// H200 image (torch 2.11 + cu130, JIT-built with its host compiler) a TORCH_CHECK in such an extension
-// ended the process with SIGSEGV, even when caught in the same function; a std::runtime_error reached
-// Python as RuntimeError (gpu/cpp_throw_check.py, results/h200/cpp_throw_check.txt).
+// Errors come back as a message string, which the Python wrapper raises, and messages are built by
+// string concatenation: on the H200 image (torch 2.11 + cu130, extensions JIT-built by its g++ 13.3)
+// any std::ostringstream in the extension ended the process with SIGSEGV, and with it every
+// TORCH_CHECK whose message has arguments (c10::str formats through one); a literal-only TORCH_CHECK,
+// a std::runtime_error and returned strings were fine (gpu/cpp_throw_check.py,
+// results/h200/cpp_throw_check.txt).
 
 #include <torch/extension.h>
 
 #include <c10/cuda/CUDAStream.h>
 
-#include <sstream>
 #include <string>
 
 #include "gated_residual.cuh"
@@ -20,12 +21,14 @@ namespace {
 using xbackend_gr::Args;
 using xbackend_gr::DType;
 
+std::string text(const char* s) { return s; }
+std::string text(int64_t v) { return std::to_string(v); }
+
 template <typename... Parts>
 std::string message(const Parts&... parts) {
-  std::ostringstream out;
-  out << "gated_residual: ";
-  (out << ... << parts);
-  return out.str();
+  std::string out = "gated_residual: ";
+  ((out += text(parts)), ...);
+  return out;
 }
 
 // Same rules (and messages) as xbackend/kernels/_gated_residual_layout.py::analyze, which callers
@@ -36,7 +39,7 @@ std::string plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor
     case at::kFloat: a.dtype = DType::kFloat32; break;
     case at::kHalf: a.dtype = DType::kFloat16; break;
     case at::kBFloat16: a.dtype = DType::kBFloat16; break;
-    default: return message("dtype ", x.scalar_type(), " not supported");
+    default: return message("dtype ", c10::toString(x.scalar_type()), " not supported");
   }
   if (update.scalar_type() != x.scalar_type() || gate.scalar_type() != x.scalar_type()) {
     return message("x, update and gate must share one dtype");
