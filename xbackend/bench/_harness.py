@@ -102,6 +102,28 @@ def time_host_inclusive(fn: Callable[..., Any], args: tuple[Any, ...], *, calls:
     return best
 
 
+def time_host_inclusive_interleaved(
+    calls_args: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], *, calls: int = 200, bursts: int = 20
+) -> list[float]:
+    """``time_host_inclusive`` of several callables with their bursts interleaved (A, B, A, B, ...), so a
+    drift in host speed (another process, clocks) hits all alike and their ratio holds; best of ``bursts``
+    each."""
+    best = [float("inf")] * len(calls_args)
+    with torch.no_grad():
+        for fn, args in calls_args:
+            for _ in range(20):
+                fn(*args)
+        torch.cuda.synchronize()
+        for _ in range(bursts):
+            for i, (fn, args) in enumerate(calls_args):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn(*args)
+                torch.cuda.synchronize()
+                best[i] = min(best[i], (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
 def copy_fn(bytes_moved: int, device: torch.device) -> tuple[Callable[..., Any], list[tuple[Any, ...]]]:
     """A ``dst.copy_(src)`` that reads and writes ``bytes_moved`` bytes in total."""
     n = bytes_moved // 2
