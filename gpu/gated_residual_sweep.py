@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +31,18 @@ from xbackend.kernels import cuda_gated_residual as cuda_gr
 
 FULL_KNOBS = [{"packs_per_thread": p} for p in (1, 2, 4)]
 ROW_KNOBS = [{"block_cols": c} for c in (64, 128, 192, 256)] + [{"rows_per_thread": 2}, {"rows_per_thread": 4}]
+
+
+def timed_rounds(title: str, fns: dict[str, Callable], sets: list[tuple], exact: dict[str, bool], rounds: int) -> dict:
+    """Every callable once per round (interleaved), printed as median µs and the per-round ratio to
+    ``fns["compile"]``; returns the raw rounds and the exactness flags."""
+    times = [{label: bench(fn, sets) for label, fn in fns.items()} for _ in range(rounds)]
+    print(f"\n{title}", flush=True)
+    for label in fns:
+        us = statistics.median(r[label] for r in times)
+        ratio = " ".join(f"{r['compile'] / r[label]:5.3f}" for r in times)
+        print(f"  {label:<22} {us:8.2f} us  x compile per round: {ratio}  exact={exact.get(label, '-')}", flush=True)
+    return {"rounds": times, "exact": exact}
 
 
 def main() -> None:
@@ -55,14 +68,7 @@ def main() -> None:
             label = " ".join(f"{k}={v}" for k, v in kw.items()) or "auto"
             fns[label] = lambda x, u, g, kw=kw: cuda_gr.gated_residual(x, u, g, **kw)
             exact[label] = bool(torch.equal(fns[label](*sets[0]), want))
-        rounds = [{label: bench(fn, sets) for label, fn in fns.items()} for _ in range(args.rounds)]
-        report[name] = {"rounds": rounds, "exact": exact}
-        print(f"\n{name} {tuple(shape)} gate {tuple(gshape)}", flush=True)
-        for label in fns:
-            us = statistics.median(r[label] for r in rounds)
-            ratio = " ".join(f"{r['compile'] / r[label]:5.3f}" for r in rounds)
-            print(f"  {label:<22} {us:8.2f} us  x compile per round: {ratio}  exact={exact.get(label, '-')}",
-                  flush=True)
+        report[name] = timed_rounds(f"{name} {tuple(shape)} gate {tuple(gshape)}", fns, sets, exact, args.rounds)
         del sets
         torch.cuda.empty_cache()
     Path(args.out).mkdir(parents=True, exist_ok=True)

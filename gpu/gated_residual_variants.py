@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +25,8 @@ from torch._inductor.utils import run_and_get_code
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gated_residual import bench, eager, gate_shape, input_sets
+from gated_residual import eager, gate_shape, input_sets
+from gated_residual_sweep import timed_rounds
 
 from xbackend.kernels import cuda_gated_residual as cuda_gr
 from xbackend.kernels._cuda_build import JitExtension
@@ -71,14 +71,7 @@ def main() -> None:
             fns[label] = lambda x, u, g, c=(sched, loads, threads): mod.run(x, u, g, *c)
             exact[label] = bool(torch.equal(fns[label](*sets[0]), want))
         compiled(*sets[0])
-        rounds = [{label: bench(fn, sets) for label, fn in fns.items()} for _ in range(args.rounds)]
-        report[name] = {"rounds": rounds, "exact": exact}
-        print(f"\n{name} {tuple(shape)} gate {tuple(gshape)}", flush=True)
-        for label in fns:
-            us = statistics.median(r[label] for r in rounds)
-            ratio = " ".join(f"{r['compile'] / r[label]:5.3f}" for r in rounds)
-            print(f"  {label:<20} {us:8.2f} us  x compile per round: {ratio}  exact={exact.get(label, '-')}",
-                  flush=True)
+        report[name] = timed_rounds(f"{name} {tuple(shape)} gate {tuple(gshape)}", fns, sets, exact, args.rounds)
         del sets
         torch.cuda.empty_cache()
     Path(args.out, "gated_residual_variants.json").write_text(json.dumps(report, indent=1))

@@ -66,24 +66,19 @@ struct alignas(16) Pack {
 };
 
 // x and update stream through once: a plain ld.global (the .nc path __ldg takes measured slower).
-template <typename T>
+// A broadcast gate row is re-read by every row that shares it: kKeep asks L1 to keep it.
+template <typename T, bool kKeep = false>
 __device__ __forceinline__ Pack<T> load(const T* p) {
   uint4 r;
-  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  Pack<T> out;
-  *reinterpret_cast<uint4*>(&out) = r;
-  return out;
-}
-
-// A broadcast gate row is re-read by every row that shares it: ask L1 to keep it.
-template <typename T>
-__device__ __forceinline__ Pack<T> load_keep(const T* p) {
-  uint4 r;
-  asm volatile("ld.global.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
+  if constexpr (kKeep) {
+    asm volatile("ld.global.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  } else {
+    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  }
   Pack<T> out;
   *reinterpret_cast<uint4*>(&out) = r;
   return out;
@@ -198,7 +193,7 @@ __global__ void __launch_bounds__(kThreads)
         } else if constexpr (kGateRows == kPerRow) {
           gs[r] = load(g + grow * g_row_stride + col);  // read once
         } else {
-          gs[r] = load_keep(g + grow * g_row_stride + col);
+          gs[r] = load<T, true>(g + grow * g_row_stride + col);
         }
       }
     }
