@@ -127,11 +127,10 @@ def test_transformer_patched_is_bit_identical(variant: str, dtype: torch.dtype, 
     layers = TRANSFORMER_CONFIG["num_layers"]
     assert op_calls["rmsnorm_modulate"] == layers * (8 + adaln)
     assert op_calls["gated_residual"] == layers * (6 + adaln)
-    # Interleaved RoPE of query and key: attn1 and audio_attn1 (self-attention) fuse both norms and
-    # both RoPEs into one qk_norm_rope; a2v and v2a (keys of the other modality) rotate q and k apart.
+    # RoPE of query and key, interleaved or split: attn1 and audio_attn1 (self-attention) fuse both norms
+    # and both RoPEs into one qk_norm_rope; a2v and v2a (keys of the other modality) rotate q and k apart.
     # LTX-2.5's perturbed-attention processor is not the one the RoPE patch transcribes (left alone).
-    # Split RoPE is never fused with the norms: all eight rotations per block are rotary_embedding.
-    rope_calls = {"ltx2.5": (0, 0), "ltx2.3-split": (0, 8)}.get(variant, (2, 4))
+    rope_calls = {"ltx2.5": (0, 0)}.get(variant, (2, 4))
     assert op_calls["qk_norm_rope"] == layers * rope_calls[0]
     assert op_calls["rotary_embedding"] == layers * rope_calls[1]
     assert_equal(run(model, isolated), expected_isolated)

@@ -272,8 +272,8 @@ def test_gpu_cuda_rows_per_thread_exact(rows_per_thread: int) -> None:
 @pytest.mark.parametrize("packs_per_thread", [1, 2, 4])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_cuda_packs_per_thread_exact(packs_per_thread: int, dtype: torch.dtype) -> None:
-    # Full gate, flat path; 3 * 1001 * 1000 elements leave partial blocks and a tail that fills no pack.
-    x, update, gate = _gpu_inputs((3, 1001, 1000), (3, 1001, 1000), dtype, seed=19)
+    # Full gate, flat path; 3 * 1001 * 999 elements leave partial blocks and a tail that fills no pack.
+    x, update, gate = _gpu_inputs((3, 1001, 999), (3, 1001, 999), dtype, seed=19)
     out = cuda_gr.gated_residual(x, update, gate, packs_per_thread=packs_per_thread)
     assert torch.equal(out, _reference(x, update, gate))
 
@@ -286,6 +286,35 @@ def test_gpu_cuda_block_cols_exact(block_cols: int, shape, gate_shape) -> None:
     x, update, gate = _gpu_inputs(shape, gate_shape, torch.bfloat16, seed=23)
     out = cuda_gr.gated_residual(x, update, gate, block_cols=block_cols)
     assert torch.equal(out, _reference(x, update, gate))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("rows_per_thread", [1, 2, 4, 8])
+def test_gpu_cuda_gate_row_modes_exact(rows_per_thread: int) -> None:
+    """Every way the row tile finds gate rows, with R rows per thread: one gate row for all (kSingle),
+    R rows sharing one ([B,1,D] with L % R == 0: kPerTile), a strided per-row gate (kPerRow) and
+    L % R != 0 (kDivide)."""
+    gen = torch.Generator(device="cuda").manual_seed(37)
+    d = 1024
+    x, update = (_rand((2, 24, d), torch.bfloat16, gen, "cuda") for _ in range(2))
+    odd_x, odd_update = (_rand((2, 25, d), torch.bfloat16, gen, "cuda") for _ in range(2))
+    cases = [
+        (x, update, _rand((1, 1, d), torch.bfloat16, gen, "cuda")),
+        (x, update, _rand((2, 1, d), torch.bfloat16, gen, "cuda")),
+        (x, update, _rand((2, 24, 2 * d), torch.bfloat16, gen, "cuda")[..., :d]),
+        (odd_x, odd_update, _rand((2, 1, d), torch.bfloat16, gen, "cuda")),
+    ]
+    for args in cases:
+        assert torch.equal(cuda_gr.gated_residual(*args, rows_per_thread=rows_per_thread), _reference(*args))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_more_row_tiles_than_grid_y() -> None:
+    # 300000 rows of 64 bf16 (8 packs), 32-thread blocks of 4 rows: 75000 row tiles > gridDim.y's 65535.
+    x, update, gate = _gpu_inputs((1, 300000, 64), (1, 1, 64), torch.bfloat16, seed=41)
+    assert torch.equal(cuda_gr.gated_residual(x, update, gate, block_cols=32), _reference(x, update, gate))
 
 
 @pytest.mark.gpu

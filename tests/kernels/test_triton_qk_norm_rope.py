@@ -61,6 +61,47 @@ def test_fused_equals_the_two_kernels_composed(shape, freq_shape, dtype, flavour
         assert torch.equal(out, want)
 
 
+def _split_inputs(b, t, heads, hd, dtype, freq_dtype=torch.float32, weight=True, per_head=True, seed=0):
+    """q, k [b, t, heads*hd] with split-RoPE cos/sin [b, heads, t, hd/2] (LTX-2.3), or [b, t, D/2]
+    (per_head=False: one rotation over the whole row)."""
+    q, k, wq, wk, _, _ = _inputs((b, t, heads * hd), dtype, weight=weight, seed=seed)
+    g = torch.Generator(DEVICE).manual_seed(seed + 1)
+    angle = torch.rand((b, heads, t, hd // 2) if per_head else (b, t, heads * hd // 2), generator=g, device=DEVICE)
+    return q, k, wq, wk, (angle * 6.3).cos().to(freq_dtype), (angle * 6.3).sin().to(freq_dtype)
+
+
+SPLIT_CASES = [(1, 5, 4, 128), (2, 3, 8, 64), (1, 4, 2, 256), (2, 6, 24, 128), (1, 3, 1, 128), (1, 2, 16, 32)]
+
+
+@pytest.mark.parametrize("flavour", ["torch", "diffusers"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,t,heads,hd", SPLIT_CASES)
+def test_split_equals_the_two_kernels_composed(b, t, heads, hd, dtype, flavour) -> None:
+    args = _split_inputs(b, t, heads, hd, dtype)
+    reason = K.supports(*args, EPS, flavour, "split")
+    plan = triton_rmsnorm._exact_schedule(b * t, heads * hd, flavour, triton_rmsnorm.default_numerics(args[0]), None, None)[0]
+    tiles = plan.vec_form and (hd // 2) % plan.b == 0 and (plan.a * plan.b) % hd == 0
+    assert (reason is None) == tiles, reason
+    if reason is not None:
+        assert "do not tile this norm's fold steps" in reason
+        return
+    got = K.qk_norm_rope(*args, EPS, flavour, "split")
+    for (x, w), out in zip(((args[0], args[2]), (args[1], args[3])), got, strict=True):
+        want = triton_rotary.rotary_embedding(triton_rmsnorm.rmsnorm(x, w, EPS, flavour), args[4], args[5], "split")
+        assert out.dtype == dtype and out.shape == x.shape and torch.equal(out, want)
+
+
+def test_split_whole_row_and_reference() -> None:
+    """cos [b, t, D/2]: one rotation over each row (diffusers' non-per-head form) when the row fits one
+    fold step; fp32 against the eager reference within tolerance (CPU reduces in another order)."""
+    args = _split_inputs(2, 3, 1, 256, torch.float32, per_head=False)
+    got = K.qk_norm_rope(*args, EPS, "torch", "split")
+    for out, ref in zip(got, reference(*args, EPS, "torch", "split"), strict=True):
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    wide = _split_inputs(1, 3, 1, 4096, torch.float32, per_head=False)
+    assert "do not tile" in K.supports(*wide, EPS, "torch", "split")
+
+
 @pytest.mark.parametrize("flavour", ["torch", "diffusers"])
 def test_without_weights_and_against_the_reference(flavour: str) -> None:
     args = _inputs((2, 5, 128), torch.float32, weight=False)
@@ -86,7 +127,9 @@ def test_strided_rows_and_empty_input() -> None:
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda a: {**a, "layout": "split"}, "split layout"),
+        (lambda a: {**a, "q": a["q"][..., :12], "k": a["k"][..., :12], "q_weight": a["q_weight"][:12],
+                    "k_weight": a["k_weight"][:12], "cos": a["cos"][..., :6], "sin": a["sin"][..., :6],
+                    "layout": "split"}, "do not tile"),
         (lambda a: {**a, "k": a["k"][:, :2]}, "q and k differ"),
         (lambda a: {**a, "k_weight": None}, "one of q_weight/k_weight"),
         (lambda a: {**a, "q": a["q"][..., :6], "k": a["k"][..., :6], "q_weight": a["q_weight"][:6],
@@ -132,6 +175,19 @@ def test_gpu_fused_is_bit_exact_to_the_reference(shape, freq_shape, dtype, freq_
     args = _inputs(shape, dtype, freq_shape, freq_dtype)
     got = K.qk_norm_rope(*args, EPS, flavour)
     for out, ref in zip(got, reference(*args, EPS, flavour, "interleaved"), strict=True):
+        assert out.dtype == ref.dtype and torch.equal(out, ref)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("flavour", ["torch", "diffusers"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("freq_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,t,heads,hd", [(1, 8160, 32, 128), (1, 126, 32, 64), (2, 300, 24, 128), (1, 17, 8, 64)])
+def test_gpu_split_is_bit_exact_to_the_reference(b, t, heads, hd, dtype, freq_dtype, flavour) -> None:
+    args = _split_inputs(b, t, heads, hd, dtype, freq_dtype)
+    got = K.qk_norm_rope(*args, EPS, flavour, "split")
+    for out, ref in zip(got, reference(*args, EPS, flavour, "split"), strict=True):
         assert out.dtype == ref.dtype and torch.equal(out, ref)
 
 

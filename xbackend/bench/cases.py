@@ -86,6 +86,20 @@ def _qk(rows: int, d: int, bar: bool = False) -> Case:
                 bytes_moved=rows * d * (4 * _E + 2 * 4) + 2 * d * _E, bar=bar)
 
 
+def _qk_split(rows: int, heads: int, head_dim: int, bar: bool = False) -> Case:
+    d, half = heads * head_dim, head_dim // 2
+
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        angle = torch.rand((1, heads, rows, half), generator=g, device=dev) * 6.3
+        q, k = _rand((1, rows, d), dev, g), _rand((1, rows, d), dev, g)
+        wq, wk = _rand((d,), dev, g, 0.3) + 1, _rand((d,), dev, g, 0.3) + 1
+        return (q, k, wq, wk, angle.cos(), angle.sin(), 1e-6, "torch", "split")
+
+    # LTX-2.3 video self-attention: q, k bf16, cos/sin fp32 [1, H, T, D/2] (half the bytes of interleaved's)
+    return Case("qk_norm_rope", f"q/k norm+rope split [1,{rows},{d}] h{heads} fp32 freqs", make,
+                bytes_moved=rows * d * (4 * _E + 4) + 2 * d * _E, bar=bar)
+
+
 def _na(name: str, spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...]) -> Case:
     tokens = math.prod(spatial)
     return Case("neighborhood_attention", f"{name} {'x'.join(map(str, spatial))} h{heads} d{dim} w{'x'.join(map(str, window))}",
@@ -117,8 +131,9 @@ CASES: dict[str, list[Case]] = {
     # LTX-2 queries/keys: video self-attention, and the audio stream's.
     "rotary_embedding": [_rope(32640, 4096, True), _rope_split(32640, 32, 128, True), _rope(8160, 4096),
                          _rope(126, 2048)],
-    # LTX-2 video self-attention: norm_q, norm_k and both RoPEs (compile's fused kernel is the one to beat).
-    "qk_norm_rope": [_qk(32640, 4096, True), _qk(8160, 4096), _qk(126, 2048)],
+    # LTX-2 video self-attention: norm_q, norm_k and both RoPEs (compile's fused kernel is the one to beat);
+    # LTX-2.3's split layout.
+    "qk_norm_rope": [_qk(32640, 4096, True), _qk_split(32640, 32, 128, True), _qk(8160, 4096), _qk(126, 2048)],
     "neighborhood_attention": [
         _na("video-dit", (30, 48, 80), 24, 128, (18, 24, 24)),
         _na("diffvae-s5", (40, 96, 96), 4, 64, (11, 11, 11)),

@@ -23,10 +23,11 @@ namespace xbackend_gr {
 namespace {
 
 constexpr int kThreads = 256;  // most threads per block (launch bound)
-// Threads per block by default, flat and row tile: torch.compile's pointwise shape (1024 elements per
-// 4 warps). On an H200 (bf16, gpu/gated_residual_variants.py) 128-thread blocks with one pack per thread
-// and plain loads matched compile at every seed shape, where 256-thread blocks, several packs per
-// thread and ld.global.nc loads were 0.5-4.5% slower at [1, 4096..4608, 3072] and [1, 8160, 4096].
+// Threads per block by default, flat and row tile: torch.compile's pointwise shape (1024 elements
+// per 4 warps). On an H200 (bf16, gpu/gated_residual_variants.py) 128-thread blocks with one pack
+// per thread and plain loads matched compile at every seed shape, where 256-thread blocks, several
+// packs per thread and ld.global.nc loads were 0.5-4.5% slower at [1, 4096..4608, 3072] and
+// [1, 8160, 4096].
 constexpr int kBlockThreads = 128;
 constexpr int kMaxDevices = 64;
 
@@ -287,7 +288,8 @@ bool launch_row_tile(const Args& a, int sms, cudaStream_t stream) {
   const int64_t tiles = ceil_div(a.rows, r * bdy);
   if (col_blocks > INT32_MAX) return false;
   const dim3 block(static_cast<unsigned>(bdx), static_cast<unsigned>(bdy));
-  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(tiles < 65535 ? tiles : 65535));
+  const auto grid_y = static_cast<unsigned>(tiles < 65535 ? tiles : 65535);  // more tiles loop
+  const dim3 grid(static_cast<unsigned>(col_blocks), grid_y);
   switch (r) {
     case 1: launch_row_tile_r<T, 1, kPerToken>(a, grid, block, stream); break;
     case 2: launch_row_tile_r<T, 2, kPerToken>(a, grid, block, stream); break;

@@ -26,7 +26,7 @@ struct Args {
   int device;           // only used to look up the multiprocessor count
   int rows_per_thread;   // 0: chosen from the shape; else 1, 2, 4 or 8
   int packs_per_thread;  // flat path: 0 (= 1) or 1, 2, 4
-  int block_cols;        // row tile: threads per block, 0 (= 128) or 32..256 by 32; narrow rows stack
+  int block_cols;        // row tile: threads per block, 0 (= 128) or 32..256 by 32 (rows stack)
 };
 
 // Enqueues the kernel on `stream` and returns the launch status (cudaGetLastError).

@@ -2,16 +2,18 @@
 // call costs a pybind dispatch, one allocation and one launch (no dispatcher, no Python-side plan).
 //
 // Errors come back as a message string, which the Python wrapper raises, and messages are built by
-// string concatenation: on the H200 image (torch 2.11 + cu130, extensions JIT-built by its g++ 13.3)
-// any std::ostringstream in the extension ended the process with SIGSEGV, and with it every
-// TORCH_CHECK whose message has arguments (c10::str formats through one); a literal-only TORCH_CHECK,
-// a std::runtime_error and returned strings were fine (gpu/cpp_throw_check.py,
+// string concatenation: on the H200 image (torch 2.11 + cu130, extensions JIT-built by its g++
+// 13.3) any std::ostringstream in the extension ended the process with SIGSEGV, and with it every
+// TORCH_CHECK whose message has arguments (c10::str formats through one); a literal-only
+// TORCH_CHECK, a std::runtime_error and returned strings were fine (gpu/cpp_throw_check.py,
 // results/h200/cpp_throw_check.txt).
 
 #include <torch/extension.h>
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "gated_residual.cuh"
@@ -75,7 +77,9 @@ std::string plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor
     if (gsize(i) != 1) last = i;
   }
   for (int64_t i = 0; i < last; ++i) {
-    if (gsize(i) != x.size(i)) return message("gate broadcasts over an outer dim but not an inner one");
+    if (gsize(i) != x.size(i)) {
+      return message("gate broadcasts over an outer dim but not an inner one");
+    }
   }
   int64_t rows = 1;
   int64_t inner = 1;
@@ -109,11 +113,16 @@ std::string plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor
 }
 
 std::string check_knobs(int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols) {
-  if (rows_per_thread != 0 && rows_per_thread != 1 && rows_per_thread != 2 && rows_per_thread != 4 &&
-      rows_per_thread != 8) {
+  const auto one_of = [](int64_t v, std::initializer_list<int64_t> allowed) {
+    for (const int64_t a : allowed) {
+      if (v == a) return true;
+    }
+    return false;
+  };
+  if (!one_of(rows_per_thread, {0, 1, 2, 4, 8})) {
     return message("rows_per_thread must be 0 (auto), 1, 2, 4 or 8, got ", rows_per_thread);
   }
-  if (packs_per_thread != 0 && packs_per_thread != 1 && packs_per_thread != 2 && packs_per_thread != 4) {
+  if (!one_of(packs_per_thread, {0, 1, 2, 4})) {
     return message("packs_per_thread must be 0 (auto), 1, 2 or 4, got ", packs_per_thread);
   }
   if (block_cols != 0 && (block_cols < 32 || block_cols > 256 || block_cols % 32 != 0)) {
@@ -122,7 +131,8 @@ std::string check_knobs(int64_t rows_per_thread, int64_t packs_per_thread, int64
   return {};
 }
 
-// The new tensor x + update * gate, or the reason it cannot be computed as a str.
+// The new tensor x + update * gate, or the reason it cannot be computed as a str. (Running out of
+// memory for the output still raises through pybind11, as any torch allocation does.)
 py::object gated_residual(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate,
                           int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols) {
   Args a{};
@@ -135,15 +145,23 @@ py::object gated_residual(const at::Tensor& x, const at::Tensor& update, const a
   a.rows_per_thread = static_cast<int>(rows_per_thread);
   a.packs_per_thread = static_cast<int>(packs_per_thread);
   a.block_cols = static_cast<int>(block_cols);
-  // The stream getter takes the device index (no device guard needed: the launch goes to a stream
-  // of x's device); cudaSetDevice picks the device for the launch itself.
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != a.device) cudaSetDevice(a.device);
-  const cudaError_t status =
-      xbackend_gr::launch(a, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(a.device)).stream());
-  if (prev != a.device && prev >= 0) cudaSetDevice(prev);
-  if (status != cudaSuccess) return py::str(message("kernel launch failed: ", cudaGetErrorString(status)));
+  // A device guard by hand, from c10's non-throwing calls (CUDAGuard throws on a CUDA error; see
+  // the top of this file). MaybeSetDevice restores without creating a context on an unused device.
+  const auto device = static_cast<c10::DeviceIndex>(a.device);
+  c10::DeviceIndex prev = -1;
+  cudaError_t status = c10::cuda::GetDevice(&prev);
+  if (status == cudaSuccess && prev != device) status = c10::cuda::SetDevice(device);
+  if (status == cudaSuccess) {
+    status = xbackend_gr::launch(a, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+  if (prev >= 0 && prev != device) {
+    const cudaError_t restored = c10::cuda::MaybeSetDevice(prev);
+    if (status == cudaSuccess) status = restored;
+  }
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // reported here; must not surface as the next kernel's launch error
+    return py::str(message("kernel launch failed: ", cudaGetErrorString(status)));
+  }
   return py::cast(out);
 }
 

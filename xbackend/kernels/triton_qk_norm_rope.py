@@ -1,17 +1,23 @@
-"""Triton q/k RMSNorm + interleaved RoPE in one pass, bit-exact to the two eager references composed.
+"""Triton q/k RMSNorm + RoPE (interleaved or split) in one pass, bit-exact to the two eager references composed.
 
 One program per row (or ``R`` rows) loads that row of cos and sin once, then for q and for k: loads the
 row, computes the flavour's statistic in PyTorch's exact reduction order (``triton_rmsnorm._row_stat``,
 the same code as the RMSNorm kernels), normalizes and rounds to q's dtype as eager does, and rotates
 the rounded values with eager's fp32 roundings (``triton_rotary``'s arithmetic). The tile is the
-RMSNorm kernel's ``[A, R, K, B]`` arrangement, whose last axis holds adjacent channels, so a RoPE
-pair ``(2i, 2i + 1)`` is always inside one thread's vector (B is 4, or the emulated thread count,
-and even). Compiled with ``enable_fp_fusion=False`` like both parents.
+RMSNorm kernel's ``[A, R, K, B]`` arrangement: row element ``(k*A + a)*B + b``.
 
-Exact where both parents are: ``supports`` gives the RMSNorm kernels' reasons (odd D for the torch
-flavour, D > 16384, ...) and RoPE's (split layout). A torch-flavour call whose pointers aten would
-not vectorize raises ``NotVectorizable`` per call (``qk_norm_rope_with`` turns that into the
-reference for that call).
+* interleaved (LTX-2.0): the last axis holds adjacent channels, so a pair ``(2i, 2i + 1)`` is always
+  inside one thread's vector (B is 4, or the emulated thread count, and even);
+* split (LTX-2.3, heads of ``hd`` channels rotating their halves): when one fold step (``A*B``
+  channels) holds ``G`` whole heads and a half-head is whole vectors, the A axis factors as
+  ``[G, 2, hd/(2B)]`` and the size-2 axis is each head's first/second half; the rotation is
+  ``fma(-sin, x2, round(x1*cos))``, ``fma(sin, x1, round(x2*cos))`` (``triton_rotary``'s split kernel).
+  Moving the halves together costs a layout change through shared memory.
+
+Compiled with ``enable_fp_fusion=False`` like both parents. Exact where both parents are: ``supports``
+gives the RMSNorm kernels' reasons (odd D for the torch flavour, D > 16384, ...) and RoPE's. A
+torch-flavour call whose pointers aten would not vectorize raises ``NotVectorizable`` per call
+(``qk_norm_rope_with`` turns that into the reference for that call).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import triton.language as tl
 
 from xbackend.kernels import triton_rmsnorm as rms
 from xbackend.kernels._triton_launch import DirectLaunch
-from xbackend.kernels.triton_rotary import _row_view
+from xbackend.kernels.triton_rotary import _analyze_split, _row_view
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -37,12 +43,30 @@ def _pairs(t):
 
 
 @triton.jit
+def _halves(t, G: tl.constexpr, H2: tl.constexpr):
+    """[A, R, K, B] with A = G * 2 * H2 -> (first, second half of each head), each [G, H2, R, K, B]."""
+    t = tl.reshape(t, [G, 2, H2, t.shape[1], t.shape[2], t.shape[3]])
+    return tl.split(tl.permute(t, (0, 2, 3, 4, 5, 1)))
+
+
+@triton.jit
+def _unhalves(first, second):
+    """Inverse of ``_halves``."""
+    t = tl.permute(tl.join(first, second), (0, 5, 1, 2, 3, 4))  # [G, 2, H2, R, K, B]
+    return tl.reshape(t, [t.shape[0] * 2 * t.shape[2], t.shape[3], t.shape[4], t.shape[5]])
+
+
+@triton.jit
 def _norm_rope_rows(
-    x_ptr, w_ptr, out_ptr, stride_x, rr, cols, cmask, mask, c_e, c_o, s_e, s_o, eps, factor,
+    x_ptr, w_ptr, out_ptr, stride_x, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
     D: tl.constexpr, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
     A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
     Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
+    SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr,
 ):  # fmt: skip
+    """One tile of rows: load, norm, round, rotate, store. cos/sin come preloaded in fp32: interleaved
+    ``c1, c2, s1, s2`` = (even, odd channels) of cos and of sin; split ``c1 = c2`` = cos, ``s1 = s2`` =
+    sin, per half-head channel ([G, H2, R, K, B])."""
     x = tl.load(x_ptr + rr * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     stat = rms._row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, rms.ARR_ARKB, LANES, BW, Y, SHFL_ADJ, X_FIRST)
     rstd = rms._rsqrt(stat + eps, RSQRT)[None, :, None, None]
@@ -51,21 +75,28 @@ def _norm_rope_rows(
     else:
         w = x  # unused
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
-    y_e, y_o = _pairs(rms._normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype).to(tl.float32))
-    # eager RoPE on the rounded norm: x.float() * cos + rotate(x).float() * sin, each op rounded to fp32
-    out_e = y_e * c_e + (-y_o) * s_e
-    out_o = y_o * c_o + y_e * s_o
-    out = tl.reshape(tl.join(out_e, out_o), [A, R, K, B])
+    y = rms._normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype).to(tl.float32)
+    if SPLIT:
+        # eager: out = x.float() * cos (rounded); addcmul_ is aten's std::fma(tensor1, tensor2, out)
+        y1, y2 = _halves(y, G, H2)
+        out = _unhalves(tl.fma(-s1, y2, y1 * c1), tl.fma(s1, y1, y2 * c1))
+    else:
+        # eager RoPE on the rounded norm: x.float() * cos + rotate(x).float() * sin, each op rounded to fp32
+        y_e, y_o = _pairs(y)
+        out_e = y_e * c1 + (-y_o) * s1
+        out_o = y_o * c2 + y_e * s2
+        out = tl.reshape(tl.join(out_e, out_o), [A, R, K, B])
     tl.store(out_ptr + rr * D + cols, out.to(out_dtype), mask=mask)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-    M, stride_q, stride_k, f_inner, f_so, f_si, eps, factor,
+    M, stride_q, stride_k, f_a, f_b, f_c, f_d, eps, factor,
     D: tl.constexpr, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
     A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
     Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
+    SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     rr = (pid * R + tl.arange(0, R))[None, :, None, None]
@@ -73,11 +104,24 @@ def _qk_norm_rope_kernel(
     cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
     cmask = cols < D
     mask = (rr < M) & cmask
-    # cos/sin broadcast to q: row r is (r // f_inner) * f_so + (r % f_inner) * f_si, unit column stride
-    ro = rr // f_inner
-    f_off = ro * f_so + (rr - ro * f_inner) * f_si + cols
-    c_e, c_o = _pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
-    s_e, s_o = _pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
+    if SPLIT:
+        # cos/sin [batch, head, token, j] (f_a = tokens, f_b/f_c/f_d = batch/head/token strides), read
+        # in the halves' shape [G, H2, R, K, B]: head k*G + g, channel j = a2*B + b of each half.
+        fr = (pid * R + tl.arange(0, R))[None, None, :, None, None]
+        head = tl.arange(0, K)[None, None, None, :, None] * G + tl.arange(0, G)[:, None, None, None, None]
+        j = tl.arange(0, H2)[None, :, None, None, None] * B + tl.arange(0, B)[None, None, None, None, :]
+        fb = fr // f_a
+        f_off = fb * f_b + head * f_c + (fr - fb * f_a) * f_d + j
+        f_mask = (fr < M) & (head < D // (2 * H2 * B))
+        c1 = tl.load(cos_ptr + f_off, mask=f_mask, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_ptr + f_off, mask=f_mask, other=0.0).to(tl.float32)
+        c2, s2 = c1, s1
+    else:
+        # cos/sin broadcast to q: row r is (r // f_a) * f_b + (r % f_a) * f_c, unit column stride
+        ro = rr // f_a
+        f_off = ro * f_b + (rr - ro * f_a) * f_c + cols
+        c1, c2 = _pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
+        s1, s2 = _pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
     _norm_rope_rows(
         q_ptr,
         wq_ptr,
@@ -87,10 +131,10 @@ def _qk_norm_rope_kernel(
         cols,
         cmask,
         mask,
-        c_e,
-        c_o,
-        s_e,
-        s_o,
+        c1,
+        c2,
+        s1,
+        s2,
         eps,
         factor,
         D,
@@ -107,9 +151,13 @@ def _qk_norm_rope_kernel(
         SHFL_ADJ,
         X_FIRST,
         RSQRT,
+        SPLIT,
+        G,
+        H2,
     )
-    _norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c_e, c_o, s_e, s_o, eps, factor,
-                    D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT)  # fmt: skip
+    _norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
+                    D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
+                    SPLIT, G, H2)  # fmt: skip
 
 
 _KERNEL = DirectLaunch(_qk_norm_rope_kernel)
@@ -120,7 +168,9 @@ class _Plan(NamedTuple):
     rows: int
     stride_q: int
     stride_k: int
-    f_layout: tuple[int, int, int]  # (inner, outer stride, inner stride) of cos/sin over q's rows
+    # cos/sin over q's rows: interleaved (inner, outer stride, inner stride, 0); split (tokens, batch
+    # stride, head stride, token stride)
+    f_layout: tuple[int, int, int, int]
     consts: tuple  # eps (fp32), factor, then the constexprs in signature order
     num_warps: int
     check_alignment: bool  # torch flavour: aten vectorizes only 4-element aligned q, k and weights
@@ -132,8 +182,6 @@ _MAX_PLANS = 4096
 
 def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.Numerics,
              num_warps: int | None) -> _Plan | str:  # fmt: skip
-    if layout != "interleaved":
-        return "split layout: not implemented in Triton (aten's addcmul_ contraction not derived)"
     if k.shape != q.shape or k.dtype != q.dtype or k.device != q.device:
         return "q and k differ in shape, dtype or device"
     if (q_weight is None) != (k_weight is None):
@@ -150,27 +198,40 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.
         return "cos and sin must share shape, strides and dtype"
     if q.shape[-1] % 2:
         return "D must be even (RoPE pairs)"
-    try:
-        if torch.broadcast_shapes(cos.shape, q.shape) != q.shape:
-            return "cos/sin broadcasting would grow q"
-    except RuntimeError:
-        return "cos/sin do not broadcast to q"
-    f_lay = rms._bcast_layout(cos, q.shape, copy=False)
-    if f_lay is None or (q.shape[-1] > 1 and f_lay[4] != 1):
-        return "cos/sin rows need more than two strides or a non-unit column stride"
-    _, inner, s_outer, s_inner, _ = f_lay
     sq, sk = _row_view(q, q.shape), _row_view(k, k.shape)
     if sq is None or sk is None:
         return "q/k rows are not one strided view with a contiguous last dim"
     d = q.shape[-1]
     m = q.numel() // max(d, 1)
     plan, factor, r, warps = rms._exact_schedule(m, d, flavour, num, None, num_warps)
-    if plan.b % 2:
-        return "tile vectors of odd width (D < 2)"
+    if layout == "split":
+        split = _analyze_split(q, cos)
+        if isinstance(split, str):
+            return split
+        half = split.half
+        # Both halves of a head must sit in one fold step, each half in whole vectors (module docstring).
+        if not plan.vec_form or half % plan.b or (plan.a * plan.b) % (2 * half):
+            return (f"split layout: heads of {2 * half} channels do not tile this norm's fold steps "
+                    f"({plan.a} x {plan.b} channels)")  # fmt: skip
+        f_layout = (split.t_len, split.cs_b, split.cs_h, split.cs_t)
+        g, h2 = plan.a * plan.b // (2 * half), half // plan.b
+    else:
+        try:
+            if torch.broadcast_shapes(cos.shape, q.shape) != q.shape:
+                return "cos/sin broadcasting would grow q"
+        except RuntimeError:
+            return "cos/sin do not broadcast to q"
+        f_lay = rms._bcast_layout(cos, q.shape, copy=False)
+        if f_lay is None or (q.shape[-1] > 1 and f_lay[4] != 1):
+            return "cos/sin rows need more than two strides or a non-unit column stride"
+        _, inner, s_outer, s_inner, _ = f_lay
+        if plan.b % 2:
+            return "tile vectors of odd width (D < 2)"
+        f_layout, g, h2 = (inner, s_outer, s_inner, 0), 1, 1
     consts = (rms._f32(eps), factor, d, rms.FLAVOURS.index(flavour), q_weight is not None, r, plan.k, plan.a,
               plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing, num.mean_x_first,
-              num.rsqrt)  # fmt: skip
-    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), (inner, s_outer, s_inner), consts, warps,
+              num.rsqrt, layout == "split", g, h2)  # fmt: skip
+    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), f_layout, consts, warps,
                  flavour == "torch")  # fmt: skip
 
 

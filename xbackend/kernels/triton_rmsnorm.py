@@ -41,7 +41,11 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:  # Triton >= 3.4; without it the kernels launch without PDL (_pdl_capable)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton, or a build without the NVIDIA backend
+    gdc_launch_dependents = gdc_wait = None
 
 from xbackend.kernels import _triton_launch
 from xbackend.kernels._triton_launch import direct_capable, hooked, launch_compiled
@@ -837,7 +841,8 @@ _ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford ke
 _CUDA_TORCH_TUNED: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (2, 8)}
 
 # Programmatic dependent launch for the exact kernels: None = on for CUDA devices of compute capability 9+
-# (Hopper's griddepcontrol), False/True force it (an experiment knob; clear _LAUNCHES after changing it).
+# (Hopper's griddepcontrol), False/True force it (an experiment knob; clear _LAUNCHES after changing it;
+# True on an older GPU, under the interpreter or with Triton < 3.4 fails to compile).
 # Each program waits for the previous grid before its first load, then lets the next PDL launch go, so in
 # a stream of launches the next kernel's launch and ramp-up overlap this one's tail. On the H200, back-to-back
 # [1,32640,4096] bf16 torch-flavour norms: 130.8 -> 129.2 us per call, bit-identical
@@ -848,7 +853,12 @@ _PDL: bool | None = None
 
 @functools.lru_cache(maxsize=64)
 def _pdl_capable(device_index: int) -> bool:
-    return torch.version.hip is None and torch.cuda.get_device_capability(device_index)[0] >= 9
+    """Hopper's griddepcontrol exists (CUDA, compute capability 9+) and this Triton can emit it."""
+    return (
+        gdc_wait is not None
+        and torch.version.hip is None
+        and torch.cuda.get_device_capability(device_index)[0] >= 9
+    )
 
 
 def _use_pdl(x: torch.Tensor) -> bool:

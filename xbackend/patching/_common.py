@@ -285,23 +285,25 @@ def rope_split(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], origin
 
 def qk_norm_rope(
     norm_q: nn.Module, norm_k: nn.Module, flavour: str, query: torch.Tensor, key: torch.Tensor,
-    freqs: tuple[torch.Tensor, torch.Tensor],
+    freqs: tuple[torch.Tensor, torch.Tensor], layout: str = "interleaved",
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``rope(norm_q(query)), rope(norm_k(key))`` as one ``qk_norm_rope`` call, or None when these inputs
     are not that op (the caller then runs the two norms and two RoPEs). ``flavour`` is both norms'
-    flavour, found fusable (and their eps equal) at patch time."""
+    flavour, found fusable (and their eps equal) at patch time; ``layout`` the attention's RoPE
+    (diffusers' ``rope_type``: "interleaved" or "split")."""
     cos, sin = freqs
+    can_rope_layout = can_rope if layout == "interleaved" else can_rope_split
     wq, wk = norm_q.weight, norm_k.weight
     if (
         query.shape != key.shape
         or not _like(key, query)
         or (wq is None) != (wk is None)
         or norm_q.eps != norm_k.eps
-        or not (can_rmsnorm(query, wq) and can_rmsnorm(key, wk) and can_rope(query, cos, sin))
+        or not (can_rmsnorm(query, wq) and can_rmsnorm(key, wk) and can_rope_layout(query, cos, sin))
         or (flavour == "torch" and not query.shape[-1] == norm_q.normalized_shape[0] == norm_k.normalized_shape[0])
     ):
         return None
-    return _QK_NORM_ROPE(query, key, wq, wk, cos, sin, norm_q.eps, flavour, "interleaved")
+    return _QK_NORM_ROPE(query, key, wq, wk, cos, sin, norm_q.eps, flavour, layout)
 
 
 def qk_fusion_flavour(norm_q: nn.Module, norm_k: nn.Module) -> tuple[str | None, str]:

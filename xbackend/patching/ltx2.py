@@ -456,9 +456,9 @@ class XbackendLTX2AttnProcessor:
     """Stands in for diffusers' ``LTX2AudioVideoAttnProcessor`` on one ``LTX2Attention``: the same
     computation, with the RoPE of the query and key as ``get_op("rotary_embedding")`` (one pass instead
     of eight eager kernels, bit-identical; interleaved for LTX-2.0, split for LTX-2.3). Where query and
-    key share their frequencies and shape (self-attention), the RoPE is interleaved and ``qk_flavour``
-    names the norms' flavour, ``norm_q``, ``norm_k`` and both RoPEs are one ``qk_norm_rope`` call. Keeps
-    the processor it replaced for `unpatch`."""
+    key share their frequencies and shape (self-attention) and ``qk_flavour`` names the norms' flavour,
+    ``norm_q``, ``norm_k`` and both RoPEs are one ``qk_norm_rope`` call, in either RoPE layout. Keeps the
+    processor it replaced for `unpatch`."""
 
     _attention_backend = None
     _parallel_config = None
@@ -505,14 +505,14 @@ class XbackendLTX2AttnProcessor:
         if (
             self.qk_flavour is not None
             and query_rotary_emb is not None
-            and attn.rope_type == "interleaved"
+            and attn.rope_type in ("interleaved", "split")
             # element-wise: dynamo cannot trace `is` between two tuples
             and (key_rotary_emb is None or (key_rotary_emb[0] is query_rotary_emb[0] and key_rotary_emb[1] is query_rotary_emb[1]))
             and self.qk_norms == (attn.norm_q, attn.norm_k)
             and hookless_now(attn.norm_q)
             and hookless_now(attn.norm_k)
         ):
-            fused = qk_norm_rope(attn.norm_q, attn.norm_k, self.qk_flavour, query, key, query_rotary_emb)
+            fused = qk_norm_rope(attn.norm_q, attn.norm_k, self.qk_flavour, query, key, query_rotary_emb, attn.rope_type)
         if fused is not None:
             query, key = fused
         else:
