@@ -5,7 +5,8 @@
 
 Random weights from a config (nothing is downloaded). The real LTX-2 block: hidden 4096 = 32 heads x
 128, cross-attention dim 4096, audio 2048 = 32 heads x 64, caption channels 3840, no affine norms.
-`--variant ltx2.3` adds adaLN on the text cross-attention and gated attention (more fused sites).
+`--variant ltx2.3` adds adaLN on the text cross-attention and gated attention (more fused sites);
+`--rope-type split` gives the attention LTX-2.3's split RoPE (cos/sin per head) instead of interleaved.
 
 Prints the sites patched, then per mode (eager diffusers, patched, torch.compile of stock diffusers)
 the first call (compile's warm-up included), the median of the timed calls, and whether the output
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--audio-seq", type=int, default=None)
     p.add_argument("--text-seq", type=int, default=None)
     p.add_argument("--variant", choices=["ltx2.0", "ltx2.3"], default="ltx2.0")
+    p.add_argument("--rope-type", choices=["interleaved", "split"], default="interleaved")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--compile", default=None, help="torch.compile backend, or 'none' (default: inductor on GPU, aot_eager on CPU)")
     p.add_argument("--sites", action="store_true", help="print every patched site")
@@ -80,7 +82,7 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
         "cross_attention_dim": args.hidden, "audio_num_attention_heads": args.audio_heads,
         "audio_attention_head_dim": args.audio_hidden // args.audio_heads,
         "audio_cross_attention_dim": args.audio_hidden, "caption_channels": args.caption,
-        "num_layers": args.layers, **extra,
+        "num_layers": args.layers, "rope_type": args.rope_type, **extra,
     }  # fmt: skip
     torch.manual_seed(0)
     with torch.device(args.device):

@@ -1,6 +1,7 @@
 """LTX-2 transformer blocks: xbackend.patch vs eager diffusers vs torch.compile, on one GPU.
 
     python3 gpu/patch_check.py [--layers 2] [--seqs 8160,32640] [--out $OUT] [--compile-patched] [--graphs] [--profile]
+                               [--variant ltx2.3 --rope-type split]
 
 The real LTX-2 block (hidden 4096 = 32 x 128, audio 2048 = 32 x 64, bf16, random weights; nothing is
 downloaded), `--layers` of them. One model forward captures the first block's inputs; each mode then
@@ -14,6 +15,8 @@ runs the block stack on them:
   opaque custom-op nodes.
 - `--graphs`: eager and patched stacks captured once as CUDA graphs and replayed (no host in the loop).
 - `--profile`: torch.profiler tables (per-kernel GPU time, GPU busy time against wall) in patch_profile.txt.
+- `--variant ltx2.3 --rope-type split`: LTX-2.3's blocks (adaLN cross-attention, gated attention, split
+  RoPE: the q/k norms and split RoPE of self-attention become one qk_norm_rope).
 
 Times are medians of triton.testing.do_bench (it clears the L2 between calls; every activation here is
 larger than the H200's 60 MB L2 anyway: [1, 8160, 4096] bf16 is 67 MB). The issue's bar: patched at
@@ -144,7 +147,8 @@ def compare(outs: Outputs, ref: Outputs) -> dict[str, Any]:
 
 
 def check_seq(
-    seq: int, layers: int, compile_patched: bool, prof_out: Path | None, graphs: bool = False, rounds: int = 3
+    seq: int, layers: int, compile_patched: bool, prof_out: Path | None, graphs: bool = False, rounds: int = 3,
+    model_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Two identical models (same seed): one stays stock (eager, compiled), one is patched (eager,
     compiled with fullgraph). The modes are then timed in `rounds` interleaved rounds, so a drift of
@@ -156,7 +160,7 @@ def check_seq(
     def note(what: str) -> None:  # progress on stderr: a run cut short by a timeout still says how far it got
         print(f"[seq {seq} +{time.perf_counter() - t0:6.1f} s] {what}", file=sys.stderr, flush=True)
 
-    args = example.parse_args(["--device", "cuda", "--layers", str(layers), "--seq", str(seq)])
+    args = example.parse_args(["--device", "cuda", "--layers", str(layers), "--seq", str(seq), *model_args])
     model = example.build_model(args)
     kwargs = capture_block_inputs(model, example.make_inputs(args))
     stock = list(model.transformer_blocks)
@@ -164,7 +168,8 @@ def check_seq(
     report = xbackend.patch(patched_model)
     patched = list(patched_model.transformer_blocks)
     row: dict[str, Any] = {"seq": seq, "layers": layers, "hidden": args.hidden, "audio_seq": args.audio_seq,
-                           "sites": report.counts(), "rounds": rounds}  # fmt: skip
+                           "variant": args.variant, "rope_type": args.rope_type, "sites": report.counts(),
+                           "rounds": rounds}  # fmt: skip
 
     note("models built, patched")
     ref, row["eager_first_s"] = first_call(stock, kwargs)
@@ -239,6 +244,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="also write $OUT/patch_profile.txt (torch.profiler)")
     p.add_argument("--graphs", action="store_true", help="also time eager and patched stacks replayed as CUDA graphs")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per mode (median reported)")
+    p.add_argument("--variant", choices=["ltx2.0", "ltx2.3"], default="ltx2.0")
+    p.add_argument("--rope-type", choices=["interleaved", "split"], default="interleaved")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +261,8 @@ def main() -> None:
     for seq in (int(s) for s in args.seqs.split(",") if s):
         try:
             row = check_seq(
-                seq, args.layers, args.compile_patched, out if args.profile else None, args.graphs, args.rounds
+                seq, args.layers, args.compile_patched, out if args.profile else None, args.graphs, args.rounds,
+                ("--variant", args.variant, "--rope-type", args.rope_type),
             )
         except Exception as exc:  # one failing size must not cost the others' numbers
             row = {"seq": seq, "error": f"{type(exc).__name__}: {exc}"}
