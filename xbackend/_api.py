@@ -47,32 +47,12 @@ class Op:
             return self._custom_op(*a)
         if _is_compiling():  # a graph node without custom_op's per-call Python layers (no grad to record)
             return self._infer_op(*a)
-        # _eager's cache-hit path once more, inline: one Python frame less on every eager call (issue 3's
-        # small shapes pay dispatch on top of one launch). Anything else goes through _eager.
+        # The cache-hit path of Runtime.dispatch, inline: one Python frame less on every eager call, most
+        # of this op's host cost (issue 2 bounds the call at 2 µs over the kernel; issue 3's small shapes
+        # pay it on top of one launch). self._key is the C++ or the Python key, whichever _fastkey fixed
+        # for this process. Anything else (no runtime or cache yet, a miss) goes through dispatch.
         rt = _rt._current
         cache = rt._caches.get(_POLICY.get()) if rt is not None else None
-        if cache is not None:
-            try:
-                entry = cache.get(self._key(*a))
-            except Exception:
-                entry = None
-            fn = entry.fn if entry is not None else None
-            if fn is not None:
-                try:
-                    return fn(*a)
-                except Exception as e:
-                    return rt._after_failure(self.spec, entry, a, e)
-        return self._eager(*a)
-
-    def _eager(self, *a: Any) -> Output:
-        """Run on real tensors now: the verified impl for this key, or the runtime's dispatch. Also the
-        kernel of the inference op, which must not route back to itself while a compile is under way
-        (torch.compiler.is_compiling() stays true for a whole compile or export session)."""
-        rt = _rt._current or runtime()
-        # The cache-hit path of Runtime.dispatch, inlined: it is most of this op's host cost (issue 2
-        # bounds the whole call at 2 µs over the kernel). Anything else goes through dispatch.
-        # self._key is the C++ or the Python key, whichever _fastkey fixed for this process.
-        cache = rt._caches.get(_POLICY.get())
         if cache is not None:
             try:
                 entry = cache.get(self._key(*a))
@@ -84,7 +64,14 @@ class Op:
                     return fn(*a)
                 except Exception as e:
                     return rt._after_failure(self.spec, entry, a, e)
-        return rt.dispatch(self.spec, a)
+        return self._eager(*a)
+
+    def _eager(self, *a: Any) -> Output:
+        """Run on real tensors now through the runtime's dispatch (``__call__`` has already tried its
+        cache for eager calls). Also the kernel of the inference op, which must not route back to itself
+        while a compile is under way (torch.compiler.is_compiling() stays true for a whole compile or
+        export session)."""
+        return (_rt._current or runtime()).dispatch(self.spec, a)
 
     @property
     def name(self) -> str:
