@@ -88,18 +88,7 @@ def time_host_inclusive(fn: Callable[..., Any], args: tuple[Any, ...], *, calls:
 
     Under ``torch.no_grad()``, as diffusion pipelines call their models; bursts of ``calls`` from an
     idle GPU (short enough never to fill the launch queue), best of ``bursts``."""
-    with torch.no_grad():
-        for _ in range(20):
-            fn(*args)
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(bursts):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn(*args)
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
+    return time_host_inclusive_interleaved([(fn, args)], calls=calls, bursts=bursts)[0]
 
 
 def time_host_inclusive_interleaved(
