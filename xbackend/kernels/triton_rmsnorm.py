@@ -845,9 +845,9 @@ _CUDA_TORCH_TUNED: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (2, 8)}
 # True on an older GPU, under the interpreter or with Triton < 3.4 fails to compile).
 # Each program waits for the previous grid before its first load, then lets the next PDL launch go, so in
 # a stream of launches the next kernel's launch and ramp-up overlap this one's tail. On the H200, back-to-back
-# [1,32640,4096] bf16 torch-flavour norms: 130.8 -> 129.2 us per call, bit-identical
-# (gpu/rmsnorm_persist.py --pdl, results/h200/rmsnorm_pdl.txt). A kernel launched without PDL after this one
-# waits for it as usual.
+# [1,32640,4096] bf16 torch-flavour norms (2 rows per 8-warp program): 130.7-130.8 -> 129.2-129.5 us per call,
+# bit-identical (gpu/rmsnorm_persist.py --pdl, results/h200/rmsnorm_pdl_variant.txt). A kernel launched
+# without PDL after this one waits for it as usual.
 _PDL: bool | None = None
 
 
