@@ -5,8 +5,8 @@
 
 Per shape (bf16): torch.compile of ``x + update * gate``, the CUDA kernel's automatic choice, and its
 knobs (flat path: ``packs_per_thread``; row tile: ``block_cols``, ``rows_per_thread``). Every config is
-checked with torch.equal against eager first. Times are do_bench medians with inputs rotated over
-> 256 MB, in interleaved rounds; ratios to compile are taken within a round.
+checked with torch.equal against eager first. Times are device medians with inputs rotated over
+> 256 MB, all configs interleaved within a round; ratios to compile are taken within a round.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import torch._dynamo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gated_residual import TIMED, bench, eager, gate_shape, input_sets
+from gated_residual import TIMED, eager, gate_shape, input_sets
 
+from xbackend.bench._harness import time_rotated_interleaved
 from xbackend.kernels import cuda_gated_residual as cuda_gr
 
 FULL_KNOBS = [{"packs_per_thread": p} for p in (1, 2, 4)]
@@ -34,9 +35,13 @@ ROW_KNOBS = [{"block_cols": c} for c in (64, 128, 192, 256)] + [{"rows_per_threa
 
 
 def timed_rounds(title: str, fns: dict[str, Callable], sets: list[tuple], exact: dict[str, bool], rounds: int) -> dict:
-    """Every callable once per round (interleaved), printed as median µs and the per-round ratio to
-    ``fns["compile"]``; returns the raw rounds and the exactness flags."""
-    times = [{label: bench(fn, sets) for label, fn in fns.items()} for _ in range(rounds)]
+    """Every callable's reps interleaved within a round (the bench harness's ``time_rotated_interleaved``:
+    device time of 4-64 back-to-back calls behind a GPU sleep, so compile's host-heavy wrapper does not
+    leak into small shapes), printed as median µs and the per-round ratio to ``fns["compile"]``; returns
+    the raw rounds and the exactness flags."""
+    labels = list(fns)
+    times = [dict(zip(labels, time_rotated_interleaved([(fns[k], sets) for k in labels], reps=30), strict=True))
+             for _ in range(rounds)]
     print(f"\n{title}", flush=True)
     for label in fns:
         us = statistics.median(r[label] for r in times)

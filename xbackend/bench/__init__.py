@@ -21,7 +21,7 @@ from ._harness import (
     rotations,
     time_host_inclusive,
     time_host_inclusive_interleaved,
-    time_rotated,
+    time_rotated_interleaved,
     write_png,
 )
 from .cases import CASES, Case
@@ -44,9 +44,9 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
     op = get_op(case.op)
     rows: list[Row] = []
     expected = None if spec.tolerant else spec.reference(*first)
+    timed: list[tuple[str, Any, list[Any]]] = []
 
     def add(variant: str, fn: Any, out: Output | None = None, time_sets: list[Any] = sets) -> None:
-        us = time_rotated(fn, time_sets, reps=reps)
         exact, extra = None, {}
         if out is not None and expected is not None:
             exact = _equal(out, expected)
@@ -57,7 +57,8 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
 
             problem = spec.check_output(out, first, tolerance(REL_FRO_BOUND))
             extra = {"accuracy": problem or f"rel_fro < {REL_FRO_BOUND}"}
-        rows.append(Row(case.name, variant, us, case.bytes_moved, case.flops, exact, extra))
+        rows.append(Row(case.name, variant, 0.0, case.bytes_moved, case.flops, exact, extra))
+        timed.append((variant, fn, time_sets))
         if progress:
             progress.step(f"{case.name} {variant}")
 
@@ -74,7 +75,11 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
     for name in (n for n in _eligible_impls(case, first) if n not in case.skip_impls):
         with use(**{case.op: name}):
             out = op(*first)
-            add(f"  {name}", lambda *a: op(*a), out)
+        add(f"  {name}", _pinned(op, case.op, name), out)
+    # All variants' reps interleaved: their ratios (vs compile, % of copy_) come from the same minutes.
+    times = time_rotated_interleaved([(fn, time_sets) for _, fn, time_sets in timed], reps=reps)
+    for row, us in zip(rows, times, strict=True):
+        row.us = us
     # Host-inclusive cost of the whole call (back-to-back calls, one sync): what a caller pays when
     # the GPU is not the bottleneck. Small shapes compare it with one eager kernel launch.
     if case.small:  # bursts interleaved with one eager launch's: a ratio that host-speed drift cannot skew
@@ -86,6 +91,17 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
         ours = time_host_inclusive(op, first, calls=5, bursts=2) if spec.tolerant else time_host_inclusive(op, first)
         rows.append(Row(case.name, "host: xbackend call", ours))
     return rows
+
+
+def _pinned(op: Any, op_name: str, impl: str) -> Any:
+    """``op`` with ``impl`` forced, for as long as each call lasts (the interleaved timer calls it
+    between other variants' calls)."""
+
+    def call(*args: Any) -> Output:
+        with use(**{op_name: impl}):
+            return op(*args)
+
+    return call
 
 
 def _equal(out: Output, expected: Output) -> bool:

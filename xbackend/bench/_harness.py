@@ -83,6 +83,66 @@ def time_rotated(fn: Callable[..., Any], arg_sets: Sequence[tuple[Any, ...]], *,
     return times[len(times) // 2]
 
 
+SLEEP_CYCLES_PER_US = 2_000  # torch.cuda._sleep counts SM clock cycles: ~1.98 GHz on an H200
+REP_DEVICE_US = 200.0  # device time one timed rep aims at: event resolution (~0.5 µs) is then <= 0.25%
+
+
+@dataclass
+class _Timed:
+    fn: Callable[..., Any]
+    arg_sets: Sequence[tuple[Any, ...]]
+    calls: int = 4
+    sleep_us: float = 1000.0
+    next_set: int = 0
+    host_us: float = 0.0  # enqueueing one call, from the last rep
+    times: list[float] = field(default_factory=list)
+
+    def rep(self) -> None:
+        """One timed rep: a GPU sleep long enough that every call below is enqueued before the GPU
+        reaches it (checked: if the sleep ran out first, the rep is redone with twice the sleep)."""
+        while True:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(int(self.sleep_us * SLEEP_CYCLES_PER_US))
+            start.record()
+            t0 = time.perf_counter()
+            for _ in range(self.calls):
+                self.fn(*self.arg_sets[self.next_set % len(self.arg_sets)])
+                self.next_set += 1
+            self.host_us = (time.perf_counter() - t0) * 1e6 / self.calls
+            end.record()
+            host_was_late = start.query()  # the GPU had already left the sleep: it may have idled
+            end.synchronize()
+            if not host_was_late:
+                self.times.append(start.elapsed_time(end) * 1e3 / self.calls)
+                return
+            self.sleep_us *= 2
+
+
+def time_rotated_interleaved(
+    fns_sets: Sequence[tuple[Callable[..., Any], Sequence[tuple[Any, ...]]]], *, reps: int = 50, warmup: int = 5
+) -> list[float]:
+    """``time_rotated`` of several callables, their reps interleaved (A, B, C, A, B, C, ...) so that a
+    drift in clocks or temperature hits all alike and their ratios hold; median device µs per call each.
+
+    Each callable gets enough back-to-back calls per rep to fill ~``REP_DEVICE_US`` of device time (4 to
+    64), so a 3 µs kernel is timed over 64 launches, not 4, and a GPU sleep longer than the host takes to
+    enqueue them (``_Timed.rep`` checks it and retries)."""
+    timed = [_Timed(fn, sets) for fn, sets in fns_sets]
+    for t in timed:
+        for i in range(warmup):
+            t.fn(*t.arg_sets[i % len(t.arg_sets)])
+    torch.cuda.synchronize()
+    for t in timed:  # calibrate on one 4-call rep: device µs per call, host µs to enqueue one
+        t.rep()
+        t.calls = max(4, min(64, int(REP_DEVICE_US / max(t.times[0], 1e-3))))
+        t.sleep_us = max(t.sleep_us, 2 * t.host_us * t.calls)
+        t.times.clear()
+    for _ in range(reps):
+        for t in timed:
+            t.rep()
+    return [sorted(t.times)[len(t.times) // 2] for t in timed]
+
+
 def time_host_inclusive(fn: Callable[..., Any], args: tuple[Any, ...], *, calls: int = 200, bursts: int = 20) -> float:
     """µs per call for back-to-back calls including Python and launch overhead (small shapes).
 
