@@ -8,7 +8,8 @@ pack per thread over the flat pack index, 32-bit index math: torch.compile's sha
 ``plain``: ld.global, ``ef``: L1::evict_first; the gate then L1::evict_last) and 128/256 threads.
 Against torch.compile and the production kernel's automatic choice, bf16, inputs rotated over > 256 MB,
 interleaved rounds, ratios to compile within a round; every variant checked with torch.equal first.
-Also writes torch.compile's generated code for the first shape ($OUT/inductor_<shape>.py).
+Also writes torch.compile's generated code for the first shape ($OUT/inductor_<shape>.py). When
+``gpu/gated_residual_src/prev/`` holds an earlier copy of the production sources, that kernel is timed too.
 """
 
 from __future__ import annotations
@@ -33,12 +34,23 @@ from xbackend.kernels._cuda_build import JitExtension
 
 EXT = JitExtension("xbackend_gr_variants", ("variants_binding.cpp", "variants.cu"), "gated residual variants",
                    source_dir=Path(__file__).resolve().parent / "gated_residual_src")
+PREV = Path(__file__).resolve().parent / "gated_residual_src" / "prev"
+
+
+def _unwrap(out: object) -> torch.Tensor:
+    if isinstance(out, str):  # the pybind binding before session 6 returned errors as strings
+        raise RuntimeError(out)
+    return out
+
+
 SHAPES = [
     ("flux2_bcast_s4608_c3072", (1, 4608, 3072), "bcast"),
     ("flux2_bcast_s4096_c3072", (1, 4096, 3072), "bcast"),
     ("ltx2_full_s8160_c4096", (1, 8160, 4096), "full"),
     ("ideogram4_bcast_s4096_c4608", (1, 4096, 4608), "bcast"),
     ("ltx2_bcast_s32640_c4096", (1, 32640, 4096), "bcast"),
+    ("flux2_bcast_s512_c3072", (1, 512, 3072), "bcast"),
+    ("ltx2_full_s126_c2048", (1, 126, 2048), "full"),
 ]
 VARIANTS = [(s, ld, t) for s in (0, 1) for ld in (0, 1, 2) for t in (128, 256)]
 SCHEDULES = ("flat", "grid2d")
@@ -51,6 +63,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     mod = EXT.load()
+    prev = None
+    if (PREV / "gated_residual.cu").exists():
+        prev = JitExtension("xbackend_gr_prev", ("gated_residual_binding.cpp", "gated_residual.cu"),
+                            "previous gated_residual", source_dir=PREV).load()
     compiled = torch.compile(eager, dynamic=False)
     gen = torch.Generator(device="cuda").manual_seed(5)
     report: dict[str, dict] = {}
@@ -63,7 +79,9 @@ def main() -> None:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             Path(args.out, f"inductor_{name}.py").write_text("\n\n# ----\n\n".join(code))
         fns = {"compile": compiled, "production": cuda_gr.gated_residual}
-        exact = {"production": bool(torch.equal(cuda_gr.gated_residual(*sets[0]), want))}
+        if prev is not None:  # an earlier production kernel, for an A/B in the same rounds
+            fns["prev production"] = lambda x, u, g: _unwrap(prev.gated_residual(x, u, g))
+        exact = {k: bool(torch.equal(fns[k](*sets[0]), want)) for k in fns if k != "compile"}
         for sched, loads, threads in VARIANTS:
             if sched == 1 and form == "full":
                 continue

@@ -1,15 +1,18 @@
 """Host-inclusive cost of the CUDA gated residual at the small seed shapes, per launch path.
 
-    python3 gpu/gated_small_host.py
+    python3 gpu/gated_small_host.py [--rounds 3]
 
-Best-of-20-bursts µs per call (``xbackend.bench._harness.time_host_inclusive``: 200 back-to-back calls
-from an idle GPU, one sync) for one eager launch (``torch.add``), the eager expression, the kernel
-directly (row tile with a broadcast gate, its block_cols knob, the flat path with a full gate) and
-through ``xbackend.get_op``; plus device µs (``time_rotated``). Three rounds.
+Best-of-20-bursts µs per call (``xbackend.bench._harness.time_host_inclusive_interleaved``: 200
+back-to-back calls from an idle GPU, one sync, every path's bursts interleaved) and the ratio to one
+eager launch (``torch.add``): the eager expression, the Python wrapper ``cuda_gated_residual.gated_residual``,
+the extension's C function (``entry()``, what the CUDA plugin's impl caches), ``xbackend.get_op``, and,
+when ``gpu/gated_residual_src/prev/`` holds an earlier binding (pybind11, returns error strings), that one
+built beside it for comparison.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -18,36 +21,52 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import xbackend
-from xbackend.bench._harness import time_host_inclusive, time_rotated
+from xbackend.bench._harness import time_host_inclusive_interleaved
 from xbackend.kernels import cuda_gated_residual as cuda_gr
+from xbackend.kernels._cuda_build import JitExtension
+
+PREV = Path(__file__).resolve().parent / "gated_residual_src" / "prev"
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(shape, device="cuda", generator=gen).to(torch.bfloat16)
 
     op = xbackend.get_op("gated_residual")
+    prev = None
+    if (PREV / "gated_residual_binding.cpp").exists():
+        prev = JitExtension("xbackend_gr_prev", ("gated_residual_binding.cpp", "gated_residual.cu"),
+                            "previous gated_residual binding", source_dir=PREV).load()
     cases = {}
     for rows, d in ((512, 3072), (126, 2048)):
         x, u, gb, gf = rand(1, rows, d), rand(1, rows, d), rand(1, 1, d), rand(1, rows, d)
-        cases[f"[1,{rows},{d}]"] = {
-            "torch.add": (torch.add, (x, u)),
+        cuda_gr.gated_residual(x, u, gb)  # build before entry() is read
+        paths = {
+            "torch.add (1 launch)": (torch.add, (x, u)),
             "eager x+u*g bcast": (lambda x, u, g: x + u * g, (x, u, gb)),
-            "cuda bcast": (cuda_gr.gated_residual, (x, u, gb)),
-            "cuda bcast block_cols=256": (lambda x, u, g: cuda_gr.gated_residual(x, u, g, block_cols=256), (x, u, gb)),
-            "cuda full": (cuda_gr.gated_residual, (x, u, gf)),
+            "wrapper bcast": (cuda_gr.gated_residual, (x, u, gb)),
+            "C entry bcast": (cuda_gr.entry(), (x, u, gb)),
+            "C entry full": (cuda_gr.entry(), (x, u, gf)),
             "get_op bcast": (op, (x, u, gb)),
             "get_op full": (op, (x, u, gf)),
         }
-    for k in range(3):
+        if prev is not None:
+            paths["prev pybind bcast"] = (prev.gated_residual, (x, u, gb))
+        for _, (fn, a) in paths.items():
+            assert torch.equal(fn(*a), x + u * a[-1]) if len(a) == 3 else True
+        cases[f"[1,{rows},{d}]"] = paths
+    for k in range(args.rounds):
         print(f"round {k + 1}", flush=True)
-        for shape, fns in cases.items():
-            for name, (fn, args) in fns.items():
-                host = time_host_inclusive(fn, args)
-                dev = time_rotated(fn, [args], reps=30)
-                print(f"  {shape:<14} {name:<28} host {host:6.2f} us  device {dev:6.2f} us", flush=True)
+        for shape, paths in cases.items():
+            times = time_host_inclusive_interleaved(list(paths.values()))
+            one = times[0]
+            for name, us in zip(paths, times, strict=True):
+                print(f"  {shape:<14} {name:<22} host {us:6.2f} us  {us / one:5.2f}x of 1 launch", flush=True)
 
 
 if __name__ == "__main__":

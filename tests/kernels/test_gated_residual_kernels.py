@@ -321,7 +321,7 @@ def test_gpu_cuda_more_row_tiles_than_grid_y() -> None:
 @gpu
 @pytest.mark.parametrize("knob", [{"rows_per_thread": 3}, {"packs_per_thread": 8}, {"block_cols": 48}], ids=str)
 def test_gpu_cuda_bad_knob_names_the_argument(knob: dict) -> None:
-    # The binding returns errors instead of throwing: a C++ exception crashed the H200 image (#3).
+    # The binding sets Python errors and never throws: a C++ exception crashed the H200 image (#3).
     x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=29)
     name = next(iter(knob))
     with pytest.raises(RuntimeError, match=f"gated_residual: {name} must be"):
@@ -348,3 +348,39 @@ def test_gpu_cuda_direct_call_rejects_what_supports_rejects() -> None:
 @gpu
 def test_gpu_cuda_available() -> None:
     assert cuda_gr.available() is None
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_entry_is_the_extension_function() -> None:
+    """The CUDA plugin's impl caches the C function itself (no Python frame per call, issue 3), which
+    must check its arguments as the wrapper does."""
+    x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=43)
+    cuda_gr.gated_residual(x, update, gate)  # builds the extension
+    fn = cuda_gr.entry()
+    assert fn is not cuda_gr.gated_residual and type(fn).__name__ == "builtin_function_or_method"
+    assert torch.equal(fn(x, update, gate), _reference(x, update, gate))
+    with pytest.raises(TypeError, match="gated_residual: gate must be a torch.Tensor, got float"):
+        fn(x, update, 0.5)
+    with pytest.raises(TypeError, match="gated_residual: takes 3 tensors"):
+        fn(x, update)
+    with pytest.raises(TypeError, match="gated_residual: block_cols must be an int, got str"):
+        fn(x, update, gate, 0, 0, "64")
+    with pytest.raises(RuntimeError, match="gated_residual: needs a CUDA tensor"):
+        fn(x.cpu(), update.cpu(), gate.cpu())
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("gate_form", ["full", "bcast", "token"])
+def test_gpu_cuda_large_offsets_exact(gate_form: str) -> None:
+    """Either side of 2**30 elements (2 GiB of bf16 per tensor): offsets must not wrap."""
+    d = 4096
+    for rows in (2**18 - 1, 2**18 + 3):  # 1.07e9 elements either side of 2**30
+        shape = (1, rows, d)
+        gate_shape = {"full": shape, "bcast": (1, 1, d), "token": (1, rows, 1)}[gate_form]
+        x, update, gate = _gpu_inputs(shape, gate_shape, torch.bfloat16, seed=47)
+        out = cuda_gr.gated_residual(x, update, gate)
+        assert torch.equal(out, _reference(x, update, gate)), rows
+        del x, update, gate, out
+        torch.cuda.empty_cache()

@@ -1,18 +1,21 @@
 """CUDA C++ gated residual: ``out = x + update * gate`` rounded exactly like eager PyTorch.
 
 The kernels (``gated_residual.cu`` beside this file, bound by ``gated_residual_binding.cpp``) are built on first use
-(``_cuda_build``). The extension exposes one pybind function that plans and launches in C++, so the per-call host cost is
-about one eager kernel launch; the wrapper here only holds the module handle.
+(``_cuda_build``). The extension exposes one CPython function that plans and launches in C++, so the per-call host cost is
+about one eager kernel launch. ``entry()`` hands that function to callers that want no Python frame in between (the
+CUDA plugin's registered impl); ``gated_residual`` here adds the keyword launch knobs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
 from xbackend.kernels._gated_residual_layout import analyze
 
-__all__ = ["CudaKernelUnavailable", "available", "build_log", "gated_residual", "supports"]
+__all__ = ["CudaKernelUnavailable", "available", "build_log", "entry", "gated_residual", "supports"]
 
 _EXT = JitExtension("xbackend_gated_residual", ("gated_residual_binding.cpp", "gated_residual.cu"), "cuda gated_residual")
 
@@ -57,7 +60,12 @@ def gated_residual(
     for inputs or knobs the kernels do not take.
     """
     mod = _EXT.module or _EXT.load()
-    out = mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols)
-    if type(out) is str:  # the binding reports errors as a message (see gated_residual_binding.cpp)
-        raise RuntimeError(out)
-    return out
+    if rows_per_thread or packs_per_thread or block_cols:
+        return mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols)
+    return mod.gated_residual(x, update, gate)
+
+
+def entry() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The extension's own ``gated_residual(x, update, gate)`` (C, no Python frame) when it is built, else
+    this module's ``gated_residual`` (which builds it on first call). Same results, same errors."""
+    return _EXT.module.gated_residual if _EXT.module is not None else gated_residual

@@ -1,17 +1,22 @@
-// Python binding for the gated_residual CUDA kernels: one plain pybind function taking tensors, so a
-// call costs a pybind dispatch, one allocation and one launch (no dispatcher, no Python-side plan).
+// Python binding for the gated_residual CUDA kernels: one METH_FASTCALL function written against
+// the CPython API (no pybind11, no dispatcher), so a call costs argument unpacking, one caching-
+// allocator allocation and one launch. Issue 3 bounds the whole get_op call at small shapes by 1.2x
+// of one eager launch, and pybind11's overload dispatch plus at::empty's dispatcher round trip were
+// most of what this binding could still save.
 //
-// Errors come back as a message string, which the Python wrapper raises, and messages are built by
-// string concatenation: on the H200 image (torch 2.11 + cu130, extensions JIT-built by its g++
-// 13.3) any std::ostringstream in the extension ended the process with SIGSEGV, and with it every
-// TORCH_CHECK whose message has arguments (c10::str formats through one); a literal-only
-// TORCH_CHECK, a std::runtime_error and returned strings were fine (gpu/cpp_throw_check.py,
-// results/h200/cpp_throw_check.txt).
+// Errors are raised as RuntimeError / TypeError with messages built by string concatenation: on the
+// H200 image (torch 2.11 + cu130, extensions JIT-built by its g++ 13.3) any std::ostringstream in the
+// extension ended the process with SIGSEGV, and with it every TORCH_CHECK whose message has
+// arguments (c10::str formats through one); plain strings were fine (gpu/cpp_throw_check.py,
+// results/h200/cpp_throw_check.txt). No C++ exception leaves this file.
 
-#include <torch/extension.h>
+#include <torch/csrc/autograd/python_variable.h>
 
+#include <ATen/cuda/EmptyTensor.h>
+#include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
 
 #include <initializer_list>
 #include <string>
@@ -23,7 +28,10 @@ namespace {
 using xbackend_gr::Args;
 using xbackend_gr::DType;
 
+PyObject* g_out_of_memory = nullptr;  // torch.OutOfMemoryError, looked up at import
+
 std::string text(const char* s) { return s; }
+std::string text(const std::string& s) { return s; }
 std::string text(int64_t v) { return std::to_string(v); }
 
 template <typename... Parts>
@@ -131,45 +139,104 @@ std::string check_knobs(int64_t rows_per_thread, int64_t packs_per_thread, int64
   return {};
 }
 
-// The new tensor x + update * gate, or the reason it cannot be computed as a str. (Running out of
-// memory for the output still raises through pybind11, as any torch allocation does.)
-py::object gated_residual(const at::Tensor& x, const at::Tensor& update, const at::Tensor& gate,
-                          int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols) {
-  Args a{};
-  std::string err = check_knobs(rows_per_thread, packs_per_thread, block_cols);
-  if (err.empty()) err = plan(x, update, gate, a);
-  if (!err.empty()) return py::str(err);
-  at::Tensor out = at::empty(x.sizes(), x.options());  // can only fail by running out of memory
-  if (out.numel() == 0) return py::cast(out);
-  a.out = out.data_ptr();
-  a.rows_per_thread = static_cast<int>(rows_per_thread);
-  a.packs_per_thread = static_cast<int>(packs_per_thread);
-  a.block_cols = static_cast<int>(block_cols);
-  // A device guard by hand, from c10's non-throwing calls (CUDAGuard throws on a CUDA error; see
-  // the top of this file). MaybeSetDevice restores without creating a context on an unused device.
-  const auto device = static_cast<c10::DeviceIndex>(a.device);
-  c10::DeviceIndex prev = -1;
-  cudaError_t status = c10::cuda::GetDevice(&prev);
-  if (status == cudaSuccess && prev != device) status = c10::cuda::SetDevice(device);
-  if (status == cudaSuccess) {
-    status = xbackend_gr::launch(a, c10::cuda::getCurrentCUDAStream(device).stream());
-  }
-  if (prev >= 0 && prev != device) {
-    const cudaError_t restored = c10::cuda::MaybeSetDevice(prev);
-    if (status == cudaSuccess) status = restored;
-  }
-  if (status != cudaSuccess) {
-    cudaGetLastError();  // reported here; must not surface as the next kernel's launch error
-    return py::str(message("kernel launch failed: ", cudaGetErrorString(status)));
-  }
-  return py::cast(out);
+PyObject* raise(PyObject* type, const std::string& msg) {
+  PyErr_SetString(type, msg.c_str());
+  return nullptr;
 }
+
+const char* const kArgNames[] = {"x", "update", "gate", "rows_per_thread", "packs_per_thread",
+                                 "block_cols"};
+
+// gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols]) -> Tensor
+PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 && nargs != 6) {
+    return raise(PyExc_TypeError,
+                 message("takes 3 tensors and optionally 3 ints (rows_per_thread, "
+                         "packs_per_thread, block_cols) positionally, got ",
+                         static_cast<int64_t>(nargs), " arguments"));
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (!THPVariable_Check(args[i])) {
+      return raise(PyExc_TypeError, message(kArgNames[i], " must be a torch.Tensor, got ",
+                                            Py_TYPE(args[i])->tp_name));
+    }
+  }
+  int64_t knobs[3] = {0, 0, 0};
+  for (Py_ssize_t i = 3; i < nargs; ++i) {
+    if (!PyLong_Check(args[i])) {
+      return raise(PyExc_TypeError, message(kArgNames[i], " must be an int, got ",
+                                            Py_TYPE(args[i])->tp_name));
+    }
+    knobs[i - 3] = PyLong_AsLongLong(args[i]);
+    if (knobs[i - 3] == -1 && PyErr_Occurred()) return nullptr;
+  }
+  const at::Tensor& x = THPVariable_Unpack(args[0]);
+  const at::Tensor& update = THPVariable_Unpack(args[1]);
+  const at::Tensor& gate = THPVariable_Unpack(args[2]);
+
+  Args a{};
+  std::string err = check_knobs(knobs[0], knobs[1], knobs[2]);
+  if (err.empty()) err = plan(x, update, gate, a);
+  if (!err.empty()) return raise(PyExc_RuntimeError, err);
+  a.rows_per_thread = static_cast<int>(knobs[0]);
+  a.packs_per_thread = static_cast<int>(knobs[1]);
+  a.block_cols = static_cast<int>(knobs[2]);
+
+  const auto device = static_cast<c10::DeviceIndex>(a.device);
+  at::Tensor out;
+  try {
+    // Straight to the CUDA caching allocator: at::empty would add a dispatcher round trip.
+    out = at::detail::empty_cuda(x.sizes(), x.scalar_type(), x.device(), c10::nullopt);
+  } catch (const c10::OutOfMemoryError& e) {
+    return raise(g_out_of_memory != nullptr ? g_out_of_memory : PyExc_MemoryError, e.what());
+  } catch (const std::exception& e) {
+    return raise(PyExc_RuntimeError, message("allocating the output failed: ", e.what()));
+  }
+  if (out.numel() > 0) {
+    a.out = out.data_ptr();
+    // A device guard by hand, from c10's non-throwing calls (CUDAGuard throws on a CUDA error).
+    // MaybeSetDevice restores without creating a context on an unused device.
+    c10::DeviceIndex prev = -1;
+    cudaError_t status = c10::cuda::GetDevice(&prev);
+    if (status == cudaSuccess && prev != device) status = c10::cuda::SetDevice(device);
+    if (status == cudaSuccess) {
+      status = xbackend_gr::launch(a, c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+    if (prev >= 0 && prev != device) {
+      const cudaError_t restored = c10::cuda::MaybeSetDevice(prev);
+      if (status == cudaSuccess) status = restored;
+    }
+    if (status != cudaSuccess) {
+      cudaGetLastError();  // reported here; must not surface as the next kernel's launch error
+      return raise(PyExc_RuntimeError, message("kernel launch failed: ", cudaGetErrorString(status)));
+    }
+  }
+  return THPVariable_Wrap(std::move(out));
+}
+
+PyMethodDef methods[] = {
+    {"gated_residual", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(gated_residual)),
+     METH_FASTCALL,
+     "gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols]): x + update "
+     "* gate as a new tensor, rounded like eager PyTorch"},
+    {nullptr, nullptr, 0, nullptr}};
+
+#define XB_STR2(x) #x
+#define XB_STR(x) XB_STR2(x)
+#define XB_CAT2(a, b) a##b
+#define XB_CAT(a, b) XB_CAT2(a, b)
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, XB_STR(TORCH_EXTENSION_NAME),
+                          "xbackend gated_residual CUDA kernels (see cuda_gated_residual.py)", -1,
+                          methods};
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gated_residual", &gated_residual,
-        "x + update * gate as a new tensor, rounded like eager PyTorch; a str describes an error",
-        py::arg("x"), py::arg("update"), py::arg("gate"), py::arg("rows_per_thread") = 0,
-        py::arg("packs_per_thread") = 0, py::arg("block_cols") = 0);
+PyMODINIT_FUNC XB_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  PyObject* torch = PyImport_ImportModule("torch");
+  if (torch == nullptr) return nullptr;
+  g_out_of_memory = PyObject_GetAttrString(torch, "OutOfMemoryError");  // kept for the process
+  Py_DECREF(torch);
+  if (g_out_of_memory == nullptr) PyErr_Clear();
+  return PyModule_Create(&module_def);
 }
