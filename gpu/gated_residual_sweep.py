@@ -4,7 +4,7 @@
     python3 gpu/gated_residual_sweep.py [--out $OUT] [--rounds 3]
 
 Per shape (bf16): torch.compile of ``x + update * gate``, the CUDA kernel's automatic choice, and its
-knobs (flat path: ``packs_per_thread``; row tile: ``block_cols``, ``rows_per_thread``). Every config is
+knobs (flat path: ``packs_per_thread``; row tile: ``block_cols``, ``rows_per_thread``; both: ``load_hint``). Every config is
 checked with torch.equal against eager first. Times are device medians with inputs rotated over
 > 256 MB, all configs interleaved within a round; ratios to compile are taken within a round.
 """
@@ -30,8 +30,9 @@ from gated_residual import TIMED, eager, gate_shape, input_sets
 from xbackend.bench._harness import time_rotated_interleaved
 from xbackend.kernels import cuda_gated_residual as cuda_gr
 
-FULL_KNOBS = [{"packs_per_thread": p} for p in (1, 2, 4)]
-ROW_KNOBS = [{"block_cols": c} for c in (64, 128, 192, 256)] + [{"rows_per_thread": 2}, {"rows_per_thread": 4}]
+HINTS = [{"load_hint": h} for h in (1, 2)]  # plain, L1::evict_first
+FULL_KNOBS = [{"packs_per_thread": p} for p in (1, 2, 4)] + HINTS
+ROW_KNOBS = [{"block_cols": c} for c in (64, 128, 192, 256)] + [{"rows_per_thread": 2}, {"rows_per_thread": 4}] + HINTS
 
 
 def timed_rounds(title: str, fns: dict[str, Callable], sets: list[tuple], exact: dict[str, bool], rounds: int) -> dict:

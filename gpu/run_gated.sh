@@ -19,5 +19,15 @@ timeout "${HOST_TIMEOUT:-90}" python3 gpu/gated_small_host.py --rounds 2 2>&1 | 
 python3 -m xbackend.cli bench dispatch 2>&1 | tee "$OUT/dispatch.txt"
 timeout "${BENCH_TIMEOUT:-150}" python3 -m xbackend.cli bench gated_residual --json "$OUT/bench_gated.json" \
   >"$OUT/bench_gated.txt" 2>&1; cat "$OUT/bench_gated.txt"
-timeout "${VARIANTS_TIMEOUT:-150}" python3 gpu/gated_residual_variants.py --out "$OUT" --rounds 2 2>&1 \
-  | tee "$OUT/gated_residual_variants.txt"
+if [ -n "${VARIANTS:-}" ]; then
+  timeout "${VARIANTS_TIMEOUT:-150}" python3 gpu/gated_residual_variants.py --out "$OUT" --rounds 2 2>&1 \
+    | tee "$OUT/gated_residual_variants.txt"
+fi
+if [ -n "${SWEEP:-}" ]; then
+  timeout "${SWEEP_TIMEOUT:-150}" python3 gpu/gated_residual_sweep.py --out "$OUT" --rounds 2 2>&1 \
+    | tee "$OUT/gated_residual_sweep.txt"
+fi
+if [ -n "${FULL:-}" ]; then  # every GPU test of the suite (~3.5 min on the H200)
+  timeout "${FULL_TIMEOUT:-260}" python3 -m pytest -q -m gpu -p no:cacheprovider tests plugins >"$OUT/gpu_tests.txt" 2>&1
+  tail -3 "$OUT/gpu_tests.txt"
+fi

@@ -311,6 +311,24 @@ def test_gpu_cuda_gate_row_modes_exact(rows_per_thread: int) -> None:
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("load_hint", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_cuda_load_hints_exact(load_hint: int, dtype: torch.dtype) -> None:
+    """Plain and evict_first loads on every path (flat, broadcast, strided per-row and per-token row
+    tiles, the scalar fallback): a cache hint must never change a bit."""
+    gen = torch.Generator(device="cuda").manual_seed(53)
+    x, update = (_rand((2, 77, 1000), dtype, gen, "cuda") for _ in range(2))
+    gates = [_rand(s, dtype, gen, "cuda") for s in ((2, 77, 1000), (2, 1, 1000), (2, 77, 1))]
+    gates.append(_rand((2, 77, 2000), dtype, gen, "cuda")[..., :1000])  # kPerRow, row stride 2000
+    for gate in gates:
+        out = cuda_gr.gated_residual(x, update, gate, load_hint=load_hint)
+        assert torch.equal(out, _reference(x, update, gate)), tuple(gate.shape)
+    odd = tuple(_rand((3, 5, 7), dtype, gen, "cuda") for _ in range(3))  # no 16-byte packs: scalar path
+    assert torch.equal(cuda_gr.gated_residual(*odd, load_hint=load_hint), _reference(*odd))
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_cuda_more_row_tiles_than_grid_y() -> None:
     # 300000 rows of 64 bf16 (8 packs), 32-thread blocks of 4 rows: 75000 row tiles > gridDim.y's 65535.
     x, update, gate = _gpu_inputs((1, 300000, 64), (1, 1, 64), torch.bfloat16, seed=41)
@@ -319,7 +337,9 @@ def test_gpu_cuda_more_row_tiles_than_grid_y() -> None:
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("knob", [{"rows_per_thread": 3}, {"packs_per_thread": 8}, {"block_cols": 48}], ids=str)
+@pytest.mark.parametrize(
+    "knob", [{"rows_per_thread": 3}, {"packs_per_thread": 8}, {"block_cols": 48}, {"load_hint": 3}], ids=str
+)
 def test_gpu_cuda_bad_knob_names_the_argument(knob: dict) -> None:
     # The binding sets Python errors and never throws: a C++ exception crashed the H200 image (#3).
     x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=29)
@@ -365,7 +385,7 @@ def test_gpu_cuda_entry_is_the_extension_function() -> None:
     with pytest.raises(TypeError, match="gated_residual: takes 3 tensors"):
         fn(x, update)
     with pytest.raises(TypeError, match="gated_residual: block_cols must be an int, got str"):
-        fn(x, update, gate, 0, 0, "64")
+        fn(x, update, gate, 0, 0, "64", 0)
     with pytest.raises(RuntimeError, match="gated_residual: needs a CUDA tensor"):
         fn(x.cpu(), update.cpu(), gate.cpu())
 

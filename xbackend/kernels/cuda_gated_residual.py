@@ -48,6 +48,7 @@ def gated_residual(
     rows_per_thread: int = 0,
     packs_per_thread: int = 0,
     block_cols: int = 0,
+    load_hint: int = 0,
 ) -> torch.Tensor:
     """``x + update * gate`` as a new tensor, bit-identical to eager on the same GPU.
 
@@ -56,12 +57,15 @@ def gated_residual(
     row-tiled path; auto is 1 for vector gates, 1..4 by size for per-token gates.
     ``packs_per_thread`` (1, 2 or 4): 16-byte packs per thread on the flat (full gate) path.
     ``block_cols`` (32..256, by 32): threads per row-tiled block (narrow rows stack several rows).
+    ``load_hint`` (1 plain, 2 ``L1::evict_first``): how x and update are loaded when a thread takes one row
+    or one pack (the defaults; more load plainly); auto is evict_first when one input fits in half the L2
+    (measured on an H200, see ``pick_evict_first`` in gated_residual.cu).
     Raises CudaKernelUnavailable if the extension cannot be built, RuntimeError naming the argument
     for inputs or knobs the kernels do not take.
     """
     mod = _EXT.module or _EXT.load()
-    if rows_per_thread or packs_per_thread or block_cols:
-        return mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols)
+    if rows_per_thread or packs_per_thread or block_cols or load_hint:
+        return mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols, load_hint)
     return mod.gated_residual(x, update, gate)
 
 

@@ -66,13 +66,22 @@ struct alignas(16) Pack {
   T v[kSize];
 };
 
-// x and update stream through once: a plain ld.global (the .nc path __ldg takes measured slower).
-// A broadcast gate row is re-read by every row that shares it: kKeep asks L1 to keep it.
-template <typename T, bool kKeep = false>
+// Cache hints for 16-byte loads. x and update stream through once: plain ld.global (the .nc path
+// __ldg takes measured slower), or L1::evict_first with the gate on L1::evict_last (pick_evict_first
+// says when). A broadcast gate row is re-read by every row that shares it: always evict_last.
+// Hints are template arguments: a runtime choice between two loads made the per-token kernels with
+// 2-4 rows per thread 3-20% slower on the H200 (results/h200/gated_residual_sweep_s6_runtime_hint.txt).
+enum Hint : int { kPlain = 0, kEvictFirst = 1, kEvictLast = 2 };
+
+template <Hint kHint, typename T>
 __device__ __forceinline__ Pack<T> load(const T* p) {
   uint4 r;
-  if constexpr (kKeep) {
+  if constexpr (kHint == kEvictLast) {
     asm volatile("ld.global.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  } else if constexpr (kHint == kEvictFirst) {
+    asm volatile("ld.global.L1::evict_first.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
   } else {
@@ -113,11 +122,12 @@ __device__ __forceinline__ Pack<T> combine(const Pack<T>& x, const Pack<T>& u, T
 
 // Each thread handles kPacks packs, spaced a block apart so a warp's accesses stay contiguous; all
 // loads are issued before the first use so several are in flight per thread.
-template <typename T, int kPacks>
+template <typename T, int kPacks, Hint kStream>
 __global__ void __launch_bounds__(kThreads)
     flat_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ u,
                 const T* __restrict__ g, int64_t n) {
   constexpr int N = Pack<T>::kSize;
+  constexpr Hint kGate = kStream == kEvictFirst ? kEvictLast : kPlain;
   const int64_t n_packs = n / N;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * (blockDim.x * kPacks) + threadIdx.x;
   Pack<T> xs[kPacks], us[kPacks], gs[kPacks];
@@ -125,9 +135,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < kPacks; ++k) {
     const int64_t p = base + k * static_cast<int64_t>(blockDim.x);
     if (p < n_packs) {
-      xs[k] = load(x + p * N);
-      us[k] = load(u + p * N);
-      gs[k] = load(g + p * N);
+      xs[k] = load<kStream>(x + p * N);
+      us[k] = load<kStream>(u + p * N);
+      gs[k] = load<kGate>(g + p * N);
     }
   }
 #pragma unroll
@@ -148,7 +158,7 @@ enum GateRows : int {
   kSingle = 3,   // one gate row for all rows (inner >= rows): no 64-bit division per thread
 };
 
-template <typename T, int R, bool kPerToken, int kGateRows>
+template <typename T, int R, bool kPerToken, int kGateRows, Hint kStream>
 __global__ void __launch_bounds__(kThreads)
     row_tile_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ u,
                     const T* __restrict__ g, int64_t rows, int64_t d, int64_t inner,
@@ -171,8 +181,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int r = 0; r < R; ++r) {
       if (row0 + r < rows) {
         const int64_t off = (row0 + r) * d + col;
-        xs[r] = load(x + off);
-        us[r] = load(u + off);
+        xs[r] = load<kStream>(x + off);
+        us[r] = load<kStream>(u + off);
       }
     }
     Gate gs[G];
@@ -192,9 +202,10 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (kPerToken) {
           gs[r] = load_scalar(g + grow * g_row_stride);
         } else if constexpr (kGateRows == kPerRow) {
-          gs[r] = load(g + grow * g_row_stride + col);  // read once
+          // read once
+          gs[r] = load<kStream == kEvictFirst ? kEvictLast : kPlain>(g + grow * g_row_stride + col);
         } else {
-          gs[r] = load<T, true>(g + grow * g_row_stride + col);
+          gs[r] = load<kEvictLast>(g + grow * g_row_stride + col);
         }
       }
     }
@@ -221,17 +232,36 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int sm_count(int device) {
-  static int cache[kMaxDevices] = {};
+// A device attribute, read once per device (a failed query reads as `fallback`).
+int device_attribute(cudaDeviceAttr attr, int device, int fallback, int (&cache)[kMaxDevices]) {
   int value = 0;
   if (device >= 0 && device < kMaxDevices && cache[device] > 0) return cache[device];
-  if (cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      value <= 0) {
+  if (cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess || value <= 0) {
     cudaGetLastError();  // a failed query must not surface as the launch's error
-    return 1;
+    return fallback;
   }
   if (device >= 0 && device < kMaxDevices) cache[device] = value;
   return value;
+}
+
+int sm_count(int device) {
+  static int cache[kMaxDevices] = {};
+  return device_attribute(cudaDevAttrMultiProcessorCount, device, 1, cache);
+}
+
+int l2_bytes(int device) {
+  static int cache[kMaxDevices] = {};
+  return device_attribute(cudaDevAttrL2CacheSize, device, 0, cache);
+}
+
+// L1::evict_first on the streamed loads when one input (x_bytes) fits in half the L2. On an H200
+// (60 MB L2, bf16, gpu/gated_residual_variants.py, results/h200/gated_residual_variants.txt) it made
+// every schedule 6-7% faster at [1, 4096..4608, 3072] (28 MB per input), 13-15% at [1, 512, 3072]
+// and 4% at [1, 126, 2048], but 1.6% slower at [1, 4096, 4608] (38 MB), neutral at [1, 8160, 4096]
+// and 4.5% slower at [1, 32640, 4096]. Half the L2 sits between the last win and the first loss.
+bool pick_evict_first(const Args& a, int64_t x_bytes) {
+  if (a.load_hint != 0) return a.load_hint == 2;
+  return 2 * x_bytes <= static_cast<int64_t>(l2_bytes(a.device));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -248,30 +278,30 @@ int pick_rows_per_thread(int64_t rows, int64_t packs_per_row, int sms) {
   return 1;
 }
 
-template <typename T, int R, bool kPerToken>
+template <typename T, int R, bool kPerToken, Hint kStream>
 void launch_row_tile_r(const Args& a, dim3 grid, dim3 block, cudaStream_t stream) {
   auto* out = static_cast<T*>(a.out);
   auto* x = static_cast<const T*>(a.x);
   auto* u = static_cast<const T*>(a.update);
   auto* g = static_cast<const T*>(a.gate);
   if (a.inner >= a.rows) {
-    row_tile_kernel<T, R, kPerToken, kSingle>
+    row_tile_kernel<T, R, kPerToken, kSingle, kStream>
         <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
   } else if (a.inner == 1) {
-    row_tile_kernel<T, R, kPerToken, kPerRow>
+    row_tile_kernel<T, R, kPerToken, kPerRow, kStream>
         <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
   } else if (R == 1 || a.inner % R == 0) {
-    row_tile_kernel<T, R, kPerToken, kPerTile>
+    row_tile_kernel<T, R, kPerToken, kPerTile, kStream>
         <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
   } else {
-    row_tile_kernel<T, R, kPerToken, kDivide>
+    row_tile_kernel<T, R, kPerToken, kDivide, kStream>
         <<<grid, block, 0, stream>>>(out, x, u, g, a.rows, a.d, a.inner, a.gate_row_stride);
   }
 }
 
 // Returns false (launching nothing) when the column blocks would not fit in gridDim.x.
 template <typename T, bool kPerToken>
-bool launch_row_tile(const Args& a, int sms, cudaStream_t stream) {
+bool launch_row_tile(const Args& a, int sms, bool ef, cudaStream_t stream) {
   constexpr int N = Pack<T>::kSize;
   const int64_t packs = a.d / N;
   const int64_t max_cols = a.block_cols > 0 ? a.block_cols : kBlockThreads;
@@ -291,10 +321,18 @@ bool launch_row_tile(const Args& a, int sms, cudaStream_t stream) {
   const auto grid_y = static_cast<unsigned>(tiles < 65535 ? tiles : 65535);  // more tiles loop
   const dim3 grid(static_cast<unsigned>(col_blocks), grid_y);
   switch (r) {
-    case 1: launch_row_tile_r<T, 1, kPerToken>(a, grid, block, stream); break;
-    case 2: launch_row_tile_r<T, 2, kPerToken>(a, grid, block, stream); break;
-    case 4: launch_row_tile_r<T, 4, kPerToken>(a, grid, block, stream); break;
-    default: launch_row_tile_r<T, 8, kPerToken>(a, grid, block, stream); break;
+    // evict_first is instantiated for one row per thread only (the default for vector gates and for
+    // small per-token tensors, where it was measured); more rows per thread load plainly.
+    case 1:
+      if (ef) {
+        launch_row_tile_r<T, 1, kPerToken, kEvictFirst>(a, grid, block, stream);
+      } else {
+        launch_row_tile_r<T, 1, kPerToken, kPlain>(a, grid, block, stream);
+      }
+      break;
+    case 2: launch_row_tile_r<T, 2, kPerToken, kPlain>(a, grid, block, stream); break;
+    case 4: launch_row_tile_r<T, 4, kPerToken, kPlain>(a, grid, block, stream); break;
+    default: launch_row_tile_r<T, 8, kPerToken, kPlain>(a, grid, block, stream); break;
   }
   return true;
 }
@@ -308,6 +346,7 @@ void launch_typed(const Args& a, cudaStream_t stream) {
   auto* g = static_cast<const T*>(a.gate);
   const int sms = sm_count(a.device);
   const int64_t n = a.rows * a.d;
+  const bool ef = pick_evict_first(a, n * static_cast<int64_t>(sizeof(T)));
   const bool packs_aligned = aligned16(out) && aligned16(x) && aligned16(u);
   const bool full = !a.per_token && a.inner == 1 && (a.rows <= 1 || a.gate_row_stride == a.d);
 
@@ -318,17 +357,23 @@ void launch_typed(const Args& a, cudaStream_t stream) {
     if (want <= INT32_MAX) {
       const unsigned blocks = static_cast<unsigned>(want > 0 ? want : 1);  // block 0 owns the tail
       switch (packs) {
-        case 1: flat_kernel<T, 1><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
-        case 2: flat_kernel<T, 2><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
-        default: flat_kernel<T, 4><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
+        case 1:
+          if (ef) {
+            flat_kernel<T, 1, kEvictFirst><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n);
+          } else {
+            flat_kernel<T, 1, kPlain><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n);
+          }
+          break;
+        case 2: flat_kernel<T, 2, kPlain><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
+        default: flat_kernel<T, 4, kPlain><<<blocks, kBlockThreads, 0, stream>>>(out, x, u, g, n); break;
       }
       return;
     }
   }
   const bool gate_packs = a.per_token || (aligned16(g) && a.gate_row_stride % N == 0);
   if (packs_aligned && a.d % N == 0 && gate_packs) {
-    const bool launched = a.per_token ? launch_row_tile<T, true>(a, sms, stream)
-                                      : launch_row_tile<T, false>(a, sms, stream);
+    const bool launched = a.per_token ? launch_row_tile<T, true>(a, sms, ef, stream)
+                                      : launch_row_tile<T, false>(a, sms, ef, stream);
     if (launched) return;
   }
   const int64_t max_blocks = static_cast<int64_t>(sms) * 8;

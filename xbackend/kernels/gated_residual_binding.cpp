@@ -120,7 +120,8 @@ std::string plan(const at::Tensor& x, const at::Tensor& update, const at::Tensor
   return {};
 }
 
-std::string check_knobs(int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols) {
+std::string check_knobs(int64_t rows_per_thread, int64_t packs_per_thread, int64_t block_cols,
+                        int64_t load_hint) {
   const auto one_of = [](int64_t v, std::initializer_list<int64_t> allowed) {
     for (const int64_t a : allowed) {
       if (v == a) return true;
@@ -136,6 +137,9 @@ std::string check_knobs(int64_t rows_per_thread, int64_t packs_per_thread, int64
   if (block_cols != 0 && (block_cols < 32 || block_cols > 256 || block_cols % 32 != 0)) {
     return message("block_cols must be 0 (auto) or a multiple of 32 in 32..256, got ", block_cols);
   }
+  if (!one_of(load_hint, {0, 1, 2})) {
+    return message("load_hint must be 0 (auto), 1 (plain) or 2 (evict_first), got ", load_hint);
+  }
   return {};
 }
 
@@ -144,15 +148,16 @@ PyObject* raise(PyObject* type, const std::string& msg) {
   return nullptr;
 }
 
-const char* const kArgNames[] = {"x", "update", "gate", "rows_per_thread", "packs_per_thread",
-                                 "block_cols"};
+constexpr int kKnobs = 4;
+const char* const kArgNames[] = {"x",          "update",         "gate", "rows_per_thread",
+                                 "packs_per_thread", "block_cols", "load_hint"};
 
-// gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols]) -> Tensor
+// gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols, load_hint]) -> Tensor
 PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 && nargs != 6) {
+  if (nargs != 3 && nargs != 3 + kKnobs) {
     return raise(PyExc_TypeError,
-                 message("takes 3 tensors and optionally 3 ints (rows_per_thread, "
-                         "packs_per_thread, block_cols) positionally, got ",
+                 message("takes 3 tensors and optionally 4 ints (rows_per_thread, "
+                         "packs_per_thread, block_cols, load_hint) positionally, got ",
                          static_cast<int64_t>(nargs), " arguments"));
   }
   for (int i = 0; i < 3; ++i) {
@@ -161,7 +166,7 @@ PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
                                             Py_TYPE(args[i])->tp_name));
     }
   }
-  int64_t knobs[3] = {0, 0, 0};
+  int64_t knobs[kKnobs] = {0, 0, 0, 0};
   for (Py_ssize_t i = 3; i < nargs; ++i) {
     if (!PyLong_Check(args[i])) {
       return raise(PyExc_TypeError, message(kArgNames[i], " must be an int, got ",
@@ -175,12 +180,13 @@ PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
   const at::Tensor& gate = THPVariable_Unpack(args[2]);
 
   Args a{};
-  std::string err = check_knobs(knobs[0], knobs[1], knobs[2]);
+  std::string err = check_knobs(knobs[0], knobs[1], knobs[2], knobs[3]);
   if (err.empty()) err = plan(x, update, gate, a);
   if (!err.empty()) return raise(PyExc_RuntimeError, err);
   a.rows_per_thread = static_cast<int>(knobs[0]);
   a.packs_per_thread = static_cast<int>(knobs[1]);
   a.block_cols = static_cast<int>(knobs[2]);
+  a.load_hint = static_cast<int>(knobs[3]);
 
   const auto device = static_cast<c10::DeviceIndex>(a.device);
   at::Tensor out;
@@ -217,8 +223,8 @@ PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
 PyMethodDef methods[] = {
     {"gated_residual", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(gated_residual)),
      METH_FASTCALL,
-     "gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols]): x + update "
-     "* gate as a new tensor, rounded like eager PyTorch"},
+     "gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols, load_hint]): "
+     "x + update * gate as a new tensor, rounded like eager PyTorch"},
     {nullptr, nullptr, 0, nullptr}};
 
 #define XB_STR2(x) #x
