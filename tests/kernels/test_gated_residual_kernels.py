@@ -388,6 +388,10 @@ def test_gpu_cuda_entry_is_the_extension_function() -> None:
         fn(x, update, gate, 0, 0, "64", 0)
     with pytest.raises(RuntimeError, match="gated_residual: needs a CUDA tensor"):
         fn(x.cpu(), update.cpu(), gate.cpu())
+    # torch throws in C++ for a tensor without sizes: raised as Python, the process lives on.
+    nested = torch.nested.nested_tensor([x[0], x[1, :4]], layout=torch.strided, device=x.device, dtype=x.dtype)
+    with pytest.raises(RuntimeError, match="gated_residual: unsupported input: .*sizes"):
+        fn(nested, nested, nested)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,8 @@
 // H200 image (torch 2.11 + cu130, extensions JIT-built by its g++ 13.3) any std::ostringstream in the
 // extension ended the process with SIGSEGV, and with it every TORCH_CHECK whose message has
 // arguments (c10::str formats through one); plain strings were fine (gpu/cpp_throw_check.py,
-// results/h200/cpp_throw_check.txt). No C++ exception leaves this file.
+// results/h200/cpp_throw_check.txt). No C++ exception leaves this file: torch's own (thrown and
+// formatted inside libtorch) are caught at the entry point and raised as Python exceptions.
 
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -152,8 +153,7 @@ constexpr int kKnobs = 4;
 const char* const kArgNames[] = {"x",          "update",         "gate", "rows_per_thread",
                                  "packs_per_thread", "block_cols", "load_hint"};
 
-// gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols, load_hint]) -> Tensor
-PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+PyObject* gated_residual_impl(PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 && nargs != 3 + kKnobs) {
     return raise(PyExc_TypeError,
                  message("takes 3 tensors and optionally 4 ints (rows_per_thread, "
@@ -189,15 +189,8 @@ PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
   a.load_hint = static_cast<int>(knobs[3]);
 
   const auto device = static_cast<c10::DeviceIndex>(a.device);
-  at::Tensor out;
-  try {
-    // Straight to the CUDA caching allocator: at::empty would add a dispatcher round trip.
-    out = at::detail::empty_cuda(x.sizes(), x.scalar_type(), x.device(), c10::nullopt);
-  } catch (const c10::OutOfMemoryError& e) {
-    return raise(g_out_of_memory != nullptr ? g_out_of_memory : PyExc_MemoryError, e.what());
-  } catch (const std::exception& e) {
-    return raise(PyExc_RuntimeError, message("allocating the output failed: ", e.what()));
-  }
+  // Straight to the CUDA caching allocator: at::empty would add a dispatcher round trip.
+  at::Tensor out = at::detail::empty_cuda(x.sizes(), x.scalar_type(), x.device(), c10::nullopt);
   if (out.numel() > 0) {
     a.out = out.data_ptr();
     // A device guard by hand, from c10's non-throwing calls (CUDAGuard throws on a CUDA error).
@@ -218,6 +211,24 @@ PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
     }
   }
   return THPVariable_Wrap(std::move(out));
+}
+
+// gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols, load_hint]) -> Tensor
+// A C++ exception must not leave a METH_FASTCALL function (it would terminate the process): torch
+// throws for tensors without sizes or strides (nested), and the allocation throws when out of memory.
+PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    return gated_residual_impl(args, nargs);
+  } catch (const c10::OutOfMemoryError& e) {
+    return raise(g_out_of_memory != nullptr ? g_out_of_memory : PyExc_MemoryError,
+                 e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return raise(PyExc_RuntimeError, message("unsupported input: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return raise(PyExc_RuntimeError, message("unsupported input: ", e.what()));
+  } catch (...) {
+    return raise(PyExc_RuntimeError, message("unknown C++ exception"));
+  }
 }
 
 PyMethodDef methods[] = {
