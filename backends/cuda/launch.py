@@ -34,9 +34,9 @@ gated_residual_triton = triton_gated_residual.gated_residual
 
 
 def __getattr__(name: str) -> object:
-    # The registered impl's fn is looked up once, after its available() has built the extension: the
-    # runtime then caches the C function itself, not a Python wrapper around it (issue 3's small-shape
-    # host bar: one Python frame is ~0.1-0.3 µs of a ~10 µs call).
+    # The registered impl's fn is looked up once (Impl.resolved caches it for the process) and entry()
+    # builds the extension first, so what is cached is the C function itself, not a Python wrapper
+    # around it (issue 3's small-shape host bar: one Python frame is ~0.1-0.3 µs of a ~10 µs call).
     if name == "gated_residual_cuda":
         return cuda_gated_residual.entry()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
+import xbackend
 from xbackend.kernels import cuda_gated_residual as cuda_gr
 from xbackend.kernels import triton_gated_residual as triton_gr
 from xbackend.kernels._cuda_build import first_error_line
@@ -314,11 +315,12 @@ def test_gpu_cuda_gate_row_modes_exact(rows_per_thread: int) -> None:
 @pytest.mark.parametrize("load_hint", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_cuda_load_hints_exact(load_hint: int, dtype: torch.dtype) -> None:
-    """Plain and evict_first loads on every path (flat, broadcast, strided per-row and per-token row
-    tiles, the scalar fallback): a cache hint must never change a bit."""
+    """Plain and evict_first loads on every path that takes the hint (flat; row tiles with a gate row per
+    batch, one gate row for all, a strided per-row gate and a per-token gate), and the scalar fallback
+    given the knob: a cache hint must never change a bit."""
     gen = torch.Generator(device="cuda").manual_seed(53)
     x, update = (_rand((2, 77, 1000), dtype, gen, "cuda") for _ in range(2))
-    gates = [_rand(s, dtype, gen, "cuda") for s in ((2, 77, 1000), (2, 1, 1000), (2, 77, 1))]
+    gates = [_rand(s, dtype, gen, "cuda") for s in ((2, 77, 1000), (2, 1, 1000), (1000,), (2, 77, 1))]
     gates.append(_rand((2, 77, 2000), dtype, gen, "cuda")[..., :1000])  # kPerRow, row stride 2000
     for gate in gates:
         out = cuda_gr.gated_residual(x, update, gate, load_hint=load_hint)
@@ -390,17 +392,33 @@ def test_gpu_cuda_entry_is_the_extension_function() -> None:
         fn(x.cpu(), update.cpu(), gate.cpu())
     # torch throws in C++ for a tensor without sizes: raised as Python, the process lives on.
     nested = torch.nested.nested_tensor([x[0], x[1, :4]], layout=torch.strided, device=x.device, dtype=x.dtype)
-    with pytest.raises(RuntimeError, match="gated_residual: unsupported input: .*sizes"):
+    with pytest.raises(RuntimeError, match="gated_residual: torch error: .*sizes"):
         fn(nested, nested, nested)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_runtime_caches_the_c_function() -> None:
+    """Through get_op the CUDA impl's cached callable is the extension's C function (issue 3: no Python
+    frame between Op.__call__ and the launch)."""
+    from xbackend._runtime import runtime
+
+    x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=59)
+    with torch.no_grad():
+        out = xbackend.get_op("gated_residual")(x, update, gate)
+    assert torch.equal(out, _reference(x, update, gate))
+    fns = [e.fn for cache in runtime()._caches.values() for e in cache.values()
+           if e.impl is not None and e.impl.name == "cuda_vec"]
+    assert fns and all(fn is cuda_gr.entry() for fn in fns)
 
 
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("gate_form", ["full", "bcast", "token"])
 def test_gpu_cuda_large_offsets_exact(gate_form: str) -> None:
-    """Either side of 2**30 elements (2 GiB of bf16 per tensor): offsets must not wrap."""
+    """Either side of 2**31 elements (4 GiB of bf16 per tensor): element offsets must not wrap in 32 bits."""
     d = 4096
-    for rows in (2**18 - 1, 2**18 + 3):  # 1.07e9 elements either side of 2**30
+    for rows in (2**19 - 1, 2**19 + 3):  # 2.15e9 elements either side of 2**31
         shape = (1, rows, d)
         gate_shape = {"full": shape, "bcast": (1, 1, d), "token": (1, rows, 1)}[gate_form]
         x, update, gate = _gpu_inputs(shape, gate_shape, torch.bfloat16, seed=47)

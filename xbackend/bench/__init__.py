@@ -44,7 +44,7 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
     op = get_op(case.op)
     rows: list[Row] = []
     expected = None if spec.tolerant else spec.reference(*first)
-    timed: list[tuple[str, Any, list[Any]]] = []
+    timed: list[tuple[Any, list[Any]]] = []
 
     def add(variant: str, fn: Any, out: Output | None = None, time_sets: list[Any] = sets) -> None:
         exact, extra = None, {}
@@ -58,9 +58,7 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
             problem = spec.check_output(out, first, tolerance(REL_FRO_BOUND))
             extra = {"accuracy": problem or f"rel_fro < {REL_FRO_BOUND}"}
         rows.append(Row(case.name, variant, 0.0, case.bytes_moved, case.flops, exact, extra))
-        timed.append((variant, fn, time_sets))
-        if progress:
-            progress.step(f"{case.name} {variant}")
+        timed.append((fn, time_sets))
 
     if case.bytes_moved:
         copy, copy_sets = copy_fn(case.bytes_moved, device)
@@ -77,9 +75,11 @@ def bench_op(case: Case, *, reps: int = 50, progress: Progress | None = None) ->
             out = op(*first)
         add(f"  {name}", _pinned(op, case.op, name), out)
     # All variants' reps interleaved: their ratios (vs compile, % of copy_) come from the same minutes.
-    times = time_rotated_interleaved([(fn, time_sets) for _, fn, time_sets in timed], reps=reps)
+    times = time_rotated_interleaved(timed, reps=reps)
     for row, us in zip(rows, times, strict=True):
         row.us = us
+        if progress:
+            progress.step(f"{case.name} {row.variant}")
     # Host-inclusive cost of the whole call (back-to-back calls, one sync): what a caller pays when
     # the GPU is not the bottleneck. Small shapes compare it with one eager kernel launch.
     if case.small:  # bursts interleaved with one eager launch's: a ratio that host-speed drift cannot skew

@@ -84,6 +84,7 @@ def time_rotated(fn: Callable[..., Any], arg_sets: Sequence[tuple[Any, ...]], *,
 
 
 SLEEP_CYCLES_PER_US = 2_000  # torch.cuda._sleep counts SM clock cycles: ~1.98 GHz on an H200
+MAX_SLEEP_US = 100_000.0  # past this a callable is host-bound, not slow to enqueue
 REP_DEVICE_US = 200.0  # device time one timed rep aims at: event resolution (~0.5 µs) is then <= 0.25%
 
 
@@ -115,6 +116,12 @@ class _Timed:
             if not host_was_late:
                 self.times.append(start.elapsed_time(end) * 1e3 / self.calls)
                 return
+            if self.sleep_us > MAX_SLEEP_US:
+                raise RuntimeError(
+                    f"bench: {getattr(self.fn, '__name__', self.fn)!r} cannot be queued ahead of the GPU "
+                    f"({self.calls} calls took longer than a {self.sleep_us / 1e3:.0f} ms GPU sleep): it waits "
+                    "for the GPU from the host (a sync, .item()); time it with time_host_inclusive instead"
+                )
             self.sleep_us *= 2
 
 

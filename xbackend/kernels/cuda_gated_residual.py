@@ -70,6 +70,8 @@ def gated_residual(
 
 
 def entry() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The extension's own ``gated_residual(x, update, gate)`` (C, no Python frame) when it is built, else
-    this module's ``gated_residual`` (which builds it on first call). Same results, same errors."""
+    """The extension's own ``gated_residual(x, update, gate)`` (C, no Python frame), building it if it can
+    be built here; else this module's ``gated_residual``, which raises why. Same results, same errors."""
+    if _EXT.module is None:
+        _EXT.available()
     return _EXT.module.gated_residual if _EXT.module is not None else gated_residual

@@ -27,7 +27,9 @@ struct Args {
   int rows_per_thread;   // 0: chosen from the shape; else 1, 2, 4 or 8
   int packs_per_thread;  // flat path: 0 (= 1) or 1, 2, 4
   int block_cols;        // row tile: threads per block, 0 (= 128) or 32..256 by 32 (rows stack)
-  int load_hint;         // x / update loads: 0 chosen by size, 1 plain, 2 L1::evict_first
+  // x / update loads: 0 chosen by size, 1 plain, 2 L1::evict_first. evict_first exists for one row
+  // (row tile) or one pack (flat) per thread only; other launches and the scalar path load plainly.
+  int load_hint;
 };
 
 // Enqueues the kernel on `stream` and returns the launch status (cudaGetLastError).

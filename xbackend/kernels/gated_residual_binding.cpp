@@ -32,7 +32,6 @@ using xbackend_gr::DType;
 PyObject* g_out_of_memory = nullptr;  // torch.OutOfMemoryError, looked up at import
 
 std::string text(const char* s) { return s; }
-std::string text(const std::string& s) { return s; }
 std::string text(int64_t v) { return std::to_string(v); }
 
 template <typename... Parts>
@@ -190,7 +189,7 @@ PyObject* gated_residual_impl(PyObject* const* args, Py_ssize_t nargs) {
 
   const auto device = static_cast<c10::DeviceIndex>(a.device);
   // Straight to the CUDA caching allocator: at::empty would add a dispatcher round trip.
-  at::Tensor out = at::detail::empty_cuda(x.sizes(), x.scalar_type(), x.device(), c10::nullopt);
+  at::Tensor out = at::detail::empty_cuda(x.sizes(), x.scalar_type(), x.device(), std::nullopt);
   if (out.numel() > 0) {
     a.out = out.data_ptr();
     // A device guard by hand, from c10's non-throwing calls (CUDAGuard throws on a CUDA error).
@@ -223,10 +222,13 @@ PyObject* gated_residual(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
     return raise(g_out_of_memory != nullptr ? g_out_of_memory : PyExc_MemoryError,
                  e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    return raise(PyExc_RuntimeError, message("unsupported input: ", e.what_without_backtrace()));
+    return raise(PyExc_RuntimeError, message("torch error: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return raise(PyExc_RuntimeError, message("unsupported input: ", e.what()));
+    // torch's python_error carries a Python exception that is already set: keep that one.
+    if (PyErr_Occurred() != nullptr) return nullptr;
+    return raise(PyExc_RuntimeError, message("C++ error: ", e.what()));
   } catch (...) {
+    if (PyErr_Occurred() != nullptr) return nullptr;
     return raise(PyExc_RuntimeError, message("unknown C++ exception"));
   }
 }
@@ -235,7 +237,8 @@ PyMethodDef methods[] = {
     {"gated_residual", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(gated_residual)),
      METH_FASTCALL,
      "gated_residual(x, update, gate[, rows_per_thread, packs_per_thread, block_cols, load_hint]): "
-     "x + update * gate as a new tensor, rounded like eager PyTorch"},
+     "x + update * gate as a new tensor, rounded like eager PyTorch. Knobs 0 = chosen from the shape; "
+     "load_hint 2 (L1::evict_first) applies to one row or one pack per thread only"},
     {nullptr, nullptr, 0, nullptr}};
 
 #define XB_STR2(x) #x
