@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install, probe, GPU tests, benchmarks. At most 8 files land in $OUT.
 # Usage on the H200: bash gpu/run_all.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/xbackend-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . -e plugins/xbackend-natten >/tmp/install.log 2>&1 \
-  || { echo "install failed"; tail -20 /tmp/install.log; }
+source "$(dirname "$0")/_setup.sh"
 XB="python3 -m xbackend.cli"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 $XB info >"$OUT/info.txt" 2>&1; head -12 "$OUT/info.txt"

@@ -1,11 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks only (after gpu/run_all.sh has proven the tests): the README's tables come from here.
-set -uo pipefail
-OUT=${OUT:-/tmp/xbackend-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . -e plugins/xbackend-natten >/tmp/install.log 2>&1 \
-  || { echo "install failed"; tail -20 /tmp/install.log; }
+source "$(dirname "$0")/_setup.sh"
 XB="python3 -m xbackend.cli"
 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_integration.py >"$OUT/gpu_tests.txt" 2>&1; tail -2 "$OUT/gpu_tests.txt"
 $XB bench dispatch 2>&1 | tee "$OUT/dispatch.txt"

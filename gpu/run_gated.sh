@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # The gated residual campaign (issue 3): build time, GPU tests, host cost per launch path, the bench
 # table and the kernel variants, each step bounded so one slow step cannot eat the others' time.
-set -uo pipefail
-OUT=${OUT:-/tmp/xbackend-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . -e plugins/xbackend-natten >/tmp/install.log 2>&1 \
-  || { echo "install failed"; tail -20 /tmp/install.log; }
+source "$(dirname "$0")/_setup.sh"
 python3 - <<'PY' 2>&1 | tee "$OUT/gated_build.txt"
 import time
 t = time.perf_counter()

@@ -4,12 +4,7 @@
 # (carry ".whl"; `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
 # --platform manylinux_2_28_x86_64 -d .whl diffusers==0.42.1 importlib_metadata`). ~4 min on an H200.
 # Usage on the H200: bash gpu/run_models.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/xbackend-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-build-isolation --no-deps --no-index .whl/*.whl -e . -e plugins/xbackend-natten \
-  >/tmp/install.log 2>&1 || { echo "install failed"; tail -20 /tmp/install.log; }
+source "$(dirname "$0")/_setup.sh"
 for s in 8160 32640; do
   # one process per size: a size that runs out of time still leaves the other's JSON
   timeout "${SEQ_TIMEOUT:-150}" python3 gpu/patch_check.py --layers 2 --seqs "$s" --compile-patched --rounds 3 \
