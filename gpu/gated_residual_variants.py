@@ -26,7 +26,7 @@ from torch._inductor.utils import run_and_get_code
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gated_residual import eager, gate_shape, input_sets
+from gated_residual import TIMED, eager, gate_shape, input_sets
 from gated_residual_sweep import timed_rounds
 
 from xbackend.kernels import cuda_gated_residual as cuda_gr
@@ -43,15 +43,7 @@ def _unwrap(out: object) -> torch.Tensor:
     return out
 
 
-SHAPES = [
-    ("flux2_bcast_s4608_c3072", (1, 4608, 3072), "bcast"),
-    ("flux2_bcast_s4096_c3072", (1, 4096, 3072), "bcast"),
-    ("ltx2_full_s8160_c4096", (1, 8160, 4096), "full"),
-    ("ideogram4_bcast_s4096_c4608", (1, 4096, 4608), "bcast"),
-    ("ltx2_bcast_s32640_c4096", (1, 32640, 4096), "bcast"),
-    ("flux2_bcast_s512_c3072", (1, 512, 3072), "bcast"),
-    ("ltx2_full_s126_c2048", (1, 126, 2048), "full"),
-]
+SHAPES = TIMED[:7]  # the seed 001 shapes (gpu/gated_residual.py)
 VARIANTS = [(s, ld, t) for s in (0, 1) for ld in (0, 1, 2) for t in (128, 256)]
 SCHEDULES = ("flat", "grid2d")
 LOADS = ("nc", "plain", "ef")
