@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from xbackend.bench import _harness
-from xbackend.bench._harness import MAX_SLEEP_US, SLEEP_CYCLES_PER_US, time_rotated_interleaved
+from xbackend.bench._harness import MAX_SLEEP_US, SLEEP_CYCLES_PER_US, time_rotated, time_rotated_interleaved
 
 
 class FakeGpu:
@@ -99,3 +99,9 @@ def test_a_callable_that_waits_on_the_gpu_is_refused_with_the_reason(gpu: FakeGp
     with pytest.raises(RuntimeError, match="'item_every_call' cannot be queued ahead of the GPU"):
         time_rotated_interleaved([(syncs, [()])], reps=2, warmup=0)
 
+
+
+def test_time_rotated_is_the_fixed_calls_single_callable_case(gpu: FakeGpu) -> None:
+    kernel = gpu.kernel("k", device_us=7.0, host_us=5.0)
+    assert time_rotated(kernel, [()], warmup=2, reps=3, calls_per_rep=16) == pytest.approx(7.0)
+    assert len(gpu.log) == 2 + 3 * 16

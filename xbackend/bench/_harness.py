@@ -57,32 +57,6 @@ def rotations(bytes_per_set: int) -> int:
     return max(2, -(-2 * L2_BYTES // max(1, bytes_per_set)))
 
 
-def time_rotated(fn: Callable[..., Any], arg_sets: Sequence[tuple[Any, ...]], *, warmup: int = 5, reps: int = 50,
-                 calls_per_rep: int = 4) -> float:
-    """Median device µs per call of ``fn(*args)``, cycling through ``arg_sets``.
-
-    Each rep first queues a GPU sleep, so the host enqueues the timed calls while the GPU is still
-    busy: the events then bracket device work only, not Python or launcher overhead (which
-    ``time_host_inclusive`` reports separately).
-    """
-    for i in range(warmup):
-        fn(*arg_sets[i % len(arg_sets)])
-    torch.cuda.synchronize()
-    times, k = [], 0
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(2_000_000)  # ~1 ms at H200 clocks: longer than enqueueing the calls below
-        start.record()
-        for _ in range(calls_per_rep):
-            fn(*arg_sets[k % len(arg_sets)])
-            k += 1
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls_per_rep)
-    times.sort()
-    return times[len(times) // 2]
-
-
 SLEEP_CYCLES_PER_US = 2_000  # torch.cuda._sleep counts SM clock cycles: ~1.98 GHz on an H200
 MAX_SLEEP_US = 100_000.0  # past this a callable is host-bound, not slow to enqueue
 REP_DEVICE_US = 200.0  # device time one timed rep aims at: event resolution (~0.5 µs) is then <= 0.25%
@@ -124,6 +98,29 @@ class _Timed:
                 )
             self.sleep_us *= 2
 
+    def warm_up(self, calls: int) -> None:
+        for i in range(calls):
+            self.fn(*self.arg_sets[i % len(self.arg_sets)])
+
+    def median(self) -> float:
+        return sorted(self.times)[len(self.times) // 2]
+
+
+def time_rotated(fn: Callable[..., Any], arg_sets: Sequence[tuple[Any, ...]], *, warmup: int = 5, reps: int = 50,
+                 calls_per_rep: int = 4) -> float:
+    """Median device µs per call of ``fn(*args)``, cycling through ``arg_sets``.
+
+    Each rep first queues a GPU sleep, so the host enqueues the timed calls while the GPU is still
+    busy (``_Timed.rep`` checks that it was): the events then bracket device work only, not Python or
+    launcher overhead (which ``time_host_inclusive`` reports separately).
+    """
+    timed = _Timed(fn, arg_sets, calls=calls_per_rep)
+    timed.warm_up(warmup)
+    torch.cuda.synchronize()
+    for _ in range(reps):
+        timed.rep()
+    return timed.median()
+
 
 def time_rotated_interleaved(
     fns_sets: Sequence[tuple[Callable[..., Any], Sequence[tuple[Any, ...]]]], *, reps: int = 50, warmup: int = 5
@@ -136,8 +133,7 @@ def time_rotated_interleaved(
     enqueue them (``_Timed.rep`` checks it and retries)."""
     timed = [_Timed(fn, sets) for fn, sets in fns_sets]
     for t in timed:
-        for i in range(warmup):
-            t.fn(*t.arg_sets[i % len(t.arg_sets)])
+        t.warm_up(warmup)
     torch.cuda.synchronize()
     for t in timed:  # calibrate on one 4-call rep: device µs per call, host µs to enqueue one
         t.rep()
@@ -147,7 +143,7 @@ def time_rotated_interleaved(
     for _ in range(reps):
         for t in timed:
             t.rep()
-    return [sorted(t.times)[len(t.times) // 2] for t in timed]
+    return [t.median() for t in timed]
 
 
 def time_host_inclusive(fn: Callable[..., Any], args: tuple[Any, ...], *, calls: int = 200, bursts: int = 20) -> float:
