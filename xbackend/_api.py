@@ -12,7 +12,7 @@ from . import _fastkey
 from . import _runtime as _rt
 from ._device import Device
 from ._opspec import OpSpec, register_inference_op
-from ._policy import _POLICY, current_policy
+from ._policy import current_policy
 from ._precision import Output
 from ._runtime import runtime
 from .ops import OPS
@@ -42,28 +42,37 @@ class Op:
         self._arity = spec.positional_arity
 
     def __call__(self, *args: Any, **kwargs: Any) -> Output:
-        a = args if not kwargs and len(args) == self._arity else self._bind(*args, **kwargs)
+        if not kwargs and len(args) == self._arity:
+            a = args
+        else:
+            try:
+                a = self._bind(*args, **kwargs)
+            except TypeError:  # bind's own message names neither the op nor its signature
+                from ._checks import bad_call
+
+                error = bad_call(self.spec.name, self.spec.signature, self._bind, args, kwargs)
+                if error is None:
+                    raise
+                raise error from None
         if _grad_enabled() and self.spec.needs_grad(a):
             return self._custom_op(*a)
         if _is_compiling():  # a graph node without custom_op's per-call Python layers (no grad to record)
             return self._infer_op(*a)
-        # The cache-hit path of Runtime.dispatch, inline: one Python frame less on every eager call, most
-        # of this op's host cost (issue 2 bounds the call at 2 µs over the kernel; issue 3's small shapes
-        # pay it on top of one launch). self._key is the C++ or the Python key, whichever _fastkey fixed
-        # for this process. Anything else (no runtime or cache yet, a miss) goes through dispatch.
-        rt = _rt._current
-        cache = rt._caches.get(_POLICY.get()) if rt is not None else None
-        if cache is not None:
+        # The cache-hit path of Runtime.dispatch: the key (C++ or Python, whichever _fastkey fixed for
+        # this process), one lookup, the verified callable. Dispatch's host cost is most of a small
+        # shape's; anything else (no runtime or cache yet, a miss) goes through dispatch.
+        rt = _rt.current()
+        if rt is not None:
             try:
-                entry = cache.get(self._key(*a))
+                key = self._key(*a)
+                fn = rt.lookup(key)  # read once: another thread may reset it
             except Exception:
-                entry = None
-            fn = entry.fn if entry is not None else None  # read once: another thread may reset it
+                fn = None
             if fn is not None:
                 try:
                     return fn(*a)
                 except Exception as e:
-                    return rt._after_failure(self.spec, entry, a, e)
+                    return rt.after_failure(self.spec, key, a, e, fn)
         return self._eager(*a)
 
     def _eager(self, *a: Any) -> Output:
@@ -71,7 +80,7 @@ class Op:
         cache for eager calls). Also the kernel of the inference op, which must not route back to itself
         while a compile is under way (torch.compiler.is_compiling() stays true for a whole compile or
         export session)."""
-        return (_rt._current or runtime()).dispatch(self.spec, a)
+        return (_rt.current() or runtime()).dispatch(self.spec, a)
 
     @property
     def name(self) -> str:
@@ -143,12 +152,42 @@ def kernel_ops() -> list[str]:
 
 @dataclass(frozen=True)
 class PlanRow:
+    """One candidate of a plan. ``reason`` is why it was rejected (None when it is eligible);
+    ``verdict`` is the resolver's code for the same (``_resolver.VERDICTS``, or ``chosen``/``tie``/
+    ``lower_priority``); ``why`` explains every verdict, eligible ones included."""
+
     impl: str
     backend: str
     priority: int
     precision: str
     chosen: bool
     reason: str | None
+    verdict: str = "chosen"
+    lost_to: str | None = None  # "backend:impl" the chosen one, for tie and lower_priority
+    lost_to_priority: int | None = None
+    assumed: str | None = None  # the host's availability failure, when planned as available on the target
+    won_tie_over: str | None = None  # for the chosen row: the first impl it tied with
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.backend}:{self.impl}" if self.backend else self.impl
+
+    @property
+    def why(self) -> str:
+        if self.reason is not None:
+            return self.reason
+        if self.verdict == "tie":
+            return (f"tie with {self.lost_to} at priority {self.priority}: {self.lost_to} sorts first "
+                    "(backend name, then impl name)")
+        if self.verdict == "lower_priority":
+            return f"lower priority than {self.lost_to} ({self.lost_to_priority} > {self.priority})"
+        if self.won_tie_over is not None:
+            return f"highest priority eligible; wins the tie with {self.won_tie_over} on backend, then impl name"
+        return "highest priority eligible"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"impl": self.qualname, "priority": self.priority, "precision": self.precision,
+                "verdict": self.verdict, "reason": self.why}
 
 
 @dataclass(frozen=True)
@@ -158,28 +197,37 @@ class Plan:
     quality: str
     inputs: str
     rows: tuple[PlanRow, ...]
+    dtype: str = ""
 
     @property
     def chosen(self) -> PlanRow:
         return next(r for r in self.rows if r.chosen)
 
+    @property
+    def assumed(self) -> tuple[PlanRow, ...]:
+        """Rows planned as available on the target although this host's check failed."""
+        return tuple(r for r in self.rows if r.assumed is not None)
+
     def to_dict(self) -> dict[str, Any]:
+        """The plan entry of ``xbackend plan --json`` and ``xbackend fleet --json`` (and of goldens):
+        nothing in it depends on the host that planned it."""
         return {
             "op": self.op,
-            "device": {"vendor": self.device.vendor, "arch": self.device.arch, "name": self.device.name,
-                       "simulated": self.device.simulated},
+            "dtype": self.dtype,
             "quality": self.quality,
-            "inputs": self.inputs,
-            "chosen": self.chosen.impl,
-            "candidates": [r.__dict__ for r in self.rows],
+            "chosen": self.chosen.qualname,
+            "candidates": [r.to_dict() for r in self.rows],
         }
 
     def __str__(self) -> str:
         lines = [f"{self.op} on {self.device} [quality={self.quality}; {self.inputs}]"]
+        where = self.device.arch
         for r in self.rows:
             mark = "->" if r.chosen else "  "
-            status = "chosen" if r.chosen else (r.reason or "eligible, lower priority")
-            lines.append(f"  {mark} {r.backend + ':' + r.impl:<34} prio {r.priority:>6}  {r.precision:<22} {status}")
+            status = "chosen" if r.chosen else r.why
+            if r.assumed is not None:
+                status += f" (assumed available on {where}; here: {r.assumed})"
+            lines.append(f"  {mark} {r.qualname:<34} prio {r.priority:>6}  {r.precision:<22} {status}")
         return "\n".join(lines)
 
 
@@ -193,12 +241,18 @@ def plan(
     assume_available: bool = False,
 ) -> Plan:
     """Ordered candidates for ``op`` on ``device`` (a real device or a simulated target such as
-    ``"sm100"``/``"gfx950"``), each chosen or rejected with a one-line reason.
+    ``"sm100"``/``"gfx950"``), each chosen or rejected with a one-line reason and a verdict code.
 
-    Without ``args``, a representative input of ``dtype`` (meta tensors) is used. For a simulated
-    target, packages are checked on this host; ``assume_available=True`` plans as if every impl's
-    dependencies were installed there.
+    Without ``args``, a representative input of ``dtype`` (meta tensors) is used. Packages are
+    checked on this host unless ``assume_available=True``, which plans as deployed on the target:
+    every impl's dependencies count as installed there, and each row whose outcome relied on that
+    keeps this host's failed check in ``PlanRow.assumed`` (``xbackend plan``/``fleet`` do this for
+    simulated targets).
     """
+    from ._opspec import describe_args
+    from ._precision import QUALITY_TIERS
+    from ._resolver import dtype_name
+
     rt = runtime()
     found = get_op(op)
     if isinstance(found, HostOp):
@@ -210,23 +264,29 @@ def plan(
     else:
         args = spec.bind(*args)
         spec.check(*args)
+    if quality is not None and quality not in QUALITY_TIERS:
+        raise ValueError(f"plan: quality expected one of {', '.join(QUALITY_TIERS)}, got {quality!r}")
     tier, forced = current_policy()
     policy = (quality or tier, forced)
-    if quality is not None:
-        from ._precision import QUALITY_TIERS
-
-        if quality not in QUALITY_TIERS:
-            raise ValueError(f"plan: quality expected one of {', '.join(QUALITY_TIERS)}, got {quality!r}")
     decisions = rt.decide(spec, args, dev, policy, assume_available=assume_available)
-    chosen = next(i for i, d in enumerate(decisions) if d.reason is None)
-    from ._opspec import describe_args
 
-    rows = tuple(
-        PlanRow(d.impl.name, d.impl.backend, d.impl.priority if d.impl.priority > -(2**31) else -1,
-                str(d.impl.precision), i == chosen, d.reason)
-        for i, d in enumerate(decisions)
-    )
-    return Plan(op, dev, policy[0], describe_args(args), rows)
+    def shown(priority: int) -> int:
+        return priority if priority > -(2**31) else -1  # the reference's sentinel, printed as -1
+
+    tied = next((d.impl.qualname for d in decisions if d.verdict == "tie"), None)
+    rows = []
+    for d in decisions:
+        # Only rows that got past the availability filter relied on the assumption.
+        relied = assume_available and d.verdict not in ("forced", "blocked", "arch", "dtype", "quality")
+        rows.append(PlanRow(
+            d.impl.name, d.impl.backend, shown(d.impl.priority), str(d.impl.precision), d.verdict == "chosen",
+            d.reason, d.verdict,
+            d.lost_to.qualname if d.lost_to is not None else None,
+            shown(d.lost_to.priority) if d.lost_to is not None else None,
+            rt.availability(d.impl) if relied else None,
+            tied if d.verdict == "chosen" else None,
+        ))
+    return Plan(op, dev, policy[0], describe_args(args), tuple(rows), dtype_name(spec.dtype_of(args)))
 
 
 @dataclass(frozen=True)

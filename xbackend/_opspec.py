@@ -132,7 +132,11 @@ def contiguous(out: Output) -> Output:
 def register_reference_autograd(custom_op: Any, reference: Callable[..., Output], tensor_args: tuple[int, ...]) -> None:
     """Gradients are the reference's gradients: these ops exist for inference speed, and a training
     caller must still get correct gradients rather than a silently detached result. A reference
-    that returns several tensors gets the gradients of all of them at once."""
+    that returns several tensors gets the gradients of all of them at once.
+
+    Higher-order gradients too: when the backward itself is recorded (``create_graph=True``, e.g. an
+    R1 gradient penalty), the reference is re-run on the saved inputs themselves, so the returned
+    gradients carry the reference's own graph to the inputs and to the incoming gradients."""
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Output) -> None:
         ctx.inputs = inputs
@@ -140,13 +144,17 @@ def register_reference_autograd(custom_op: Any, reference: Callable[..., Output]
     def backward(ctx: Any, *grad_outs: Any) -> tuple[Any, ...]:
         inputs = list(ctx.inputs)
         wanted = [i for i in tensor_args if inputs[i] is not None and inputs[i].requires_grad]
-        for i in wanted:
-            inputs[i] = inputs[i].detach().requires_grad_(True)
+        # Grad mode is on inside backward exactly when autograd records it (create_graph=True).
+        higher_order = torch.is_grad_enabled()
+        if not higher_order:
+            for i in wanted:
+                inputs[i] = inputs[i].detach().requires_grad_(True)
         with torch.enable_grad():
             outs, grads_in = _differentiable(reference(*inputs), grad_outs)
             if not outs:  # no output got a gradient: nothing flows back
                 return (None,) * len(inputs)
-            grads = torch.autograd.grad(outs, [inputs[i] for i in wanted], grads_in, allow_unused=True)
+            grads = torch.autograd.grad(outs, [inputs[i] for i in wanted], grads_in, allow_unused=True,
+                                        create_graph=higher_order)
         result: list[Any] = [None] * len(inputs)
         for i, g in zip(wanted, grads, strict=True):
             result[i] = g

@@ -1,4 +1,5 @@
-"""Per-context resolution policy: the quality tier and forced impls, set by ``quality()``/``use()``."""
+"""Per-context policy: the quality tier, forced impls and the verification mode, set by
+``quality()``, ``use()`` and ``verify()``."""
 
 from __future__ import annotations
 
@@ -6,18 +7,37 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
+from ._guard import VerifyMode, env_verify_mode, parse_verify_mode
 from ._precision import QUALITY_TIERS
 
-__all__ = ["Policy", "current_policy", "quality", "use"]
+__all__ = ["Policy", "current_policy", "quality", "use", "verify"]
 
-# (quality tier, ((op, impl name), ...)): a plain tuple, so the hot path hashes it cheaply.
-Policy = tuple[str, tuple[tuple[str, str], ...]]
-_DEFAULT: Policy = ("lossless", ())
+# (quality tier, ((op, impl name), ...), verification mode): a plain tuple, so the hot path hashes it
+# cheaply. Each policy has its own dispatch cache.
+Policy = tuple[str, tuple[tuple[str, str], ...], VerifyMode]
+_DEFAULT: Policy = ("lossless", (), env_verify_mode())
 _POLICY: contextvars.ContextVar[Policy] = contextvars.ContextVar("xbackend_policy", default=_DEFAULT)
 
+REFERENCE = "reference"
 
-def current_policy() -> Policy:
-    return _POLICY.get()
+
+def current_policy() -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(quality tier, forced impls) in effect here."""
+    tier, forced, _ = _POLICY.get()
+    return tier, forced
+
+
+def current_verify_mode() -> VerifyMode:
+    return _POLICY.get()[2]
+
+
+@contextlib.contextmanager
+def _set(policy: Policy) -> Iterator[None]:
+    token = _POLICY.set(policy)
+    try:
+        yield
+    finally:
+        _POLICY.reset(token)
 
 
 @contextlib.contextmanager
@@ -26,12 +46,9 @@ def quality(tier: str) -> Iterator[None]:
     up to 1 ULP, ``"fast"`` any declared contract."""
     if tier not in QUALITY_TIERS:
         raise ValueError(f"quality: expected one of {', '.join(map(repr, QUALITY_TIERS))}, got {tier!r}")
-    forced = _POLICY.get()[1]
-    token = _POLICY.set((tier, forced))
-    try:
+    _, forced, mode = _POLICY.get()
+    with _set((tier, forced, mode)):
         yield
-    finally:
-        _POLICY.reset(token)
 
 
 @contextlib.contextmanager
@@ -45,10 +62,18 @@ def use(**forced: str) -> Iterator[None]:
             raise ValueError(f"use: unknown op {op!r}; expected one of {', '.join(OPS)}")
         if not isinstance(name, str):
             raise TypeError(f"use: impl name for {op!r} must be a str, got {type(name).__name__}")
-    tier, current = _POLICY.get()
+    tier, current, mode = _POLICY.get()
     merged = dict(current) | forced
-    token = _POLICY.set((tier, tuple(sorted(merged.items()))))
-    try:
+    with _set((tier, tuple(sorted(merged.items())), mode)):
         yield
-    finally:
-        _POLICY.reset(token)
+
+
+@contextlib.contextmanager
+def verify(mode: str) -> Iterator[None]:
+    """When the guard compares impls with the reference in this block: ``"first"`` (the first call
+    per runtime key; the default, or ``XBACKEND_VERIFY``), ``"sample:N"`` (also one later call in N,
+    per key) or ``"always"`` (every call)."""
+    parsed = parse_verify_mode(mode)
+    tier, forced, _ = _POLICY.get()
+    with _set((tier, forced, parsed)):
+        yield

@@ -16,7 +16,8 @@ Output = torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]
 
 @dataclass(frozen=True)
 class Precision:
-    """``exact``: torch.equal to the reference on the same device. ``ulp``: at most ``ulps`` units in
+    """``exact``: bit-identical to the reference on the same device (``-0.0`` is not ``+0.0``; NaNs
+    at the same positions, of any payload). ``ulp``: at most ``ulps`` units in
     the last place of the output dtype. ``tolerance``: relative Frobenius error at most ``rel_fro``
     (against a reference computed in fp32), and no non-finite value where the reference is finite."""
 
@@ -60,6 +61,8 @@ def admits(tier: str, precision: Precision, op_is_tolerant: bool) -> bool:
 
 
 _INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+_WIDE_VIEW = {torch.float64: torch.int64, torch.int64: torch.int64, torch.int32: torch.int32,
+              torch.int16: torch.int16, torch.uint8: torch.uint8, torch.int8: torch.int8, torch.bool: torch.bool}
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -96,18 +99,16 @@ def compare(out: Output, ref: Output, precision: Precision) -> str | None:
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return f"returned {out.dtype}{list(out.shape)}, reference is {ref.dtype}{list(ref.shape)}"
     if precision.kind == "exact":
-        if torch.equal(out, ref):
-            return None
-        differ = int((out != ref).sum()) - int((out.isnan() & ref.isnan()).sum())
-        if differ == 0:  # only NaNs at the same places (torch.equal says NaN != NaN)
+        differ = _bits_differ(out, ref)
+        if differ == 0:
             return None
         return f"not bit-identical: {differ} of {ref.numel()} elements differ{_max_ulp_note(out, ref)}"
     if precision.kind == "ulp":
         if out.numel() == 0:
             return None
-        same_nan = out.isnan() == ref.isnan()
-        if not bool(same_nan.all()):
-            return "NaN where the reference has none (or the reverse)"
+        special = _specials_differ(out, ref)
+        if special is not None:
+            return special
         dist = ulp_distance(out.nan_to_num(0.0), ref.nan_to_num(0.0))
         worst = int(dist.max())
         return None if worst <= precision.ulps else f"max {worst} ulp > {precision.ulps}"
@@ -117,6 +118,28 @@ def compare(out: Output, ref: Output, precision: Precision) -> str | None:
     denom = float(ref32.norm())
     err = float((out32 - ref32).norm()) / (denom if denom > 0 else 1.0)
     return None if err <= precision.rel_fro else f"relative Frobenius error {err:.3g} > {precision.rel_fro:g}"
+
+
+def _bits_differ(out: torch.Tensor, ref: torch.Tensor) -> int:
+    """Elements whose bit patterns differ (so -0.0 against +0.0 differs), counting a NaN against a
+    NaN of any payload as equal: NaN positions must match, NaN payloads need not."""
+    view = _INT_VIEW.get(out.dtype) or _WIDE_VIEW.get(out.dtype)
+    if view is None:  # no float dtype of this width to view as bits: fall back to values
+        return int((out != ref).sum()) - int((out.isnan() & ref.isnan()).sum())
+    same = out.view(view) == ref.view(view)
+    if out.is_floating_point():
+        same |= out.isnan() & ref.isnan()
+    return int((~same).sum())
+
+
+def _specials_differ(out: torch.Tensor, ref: torch.Tensor) -> str | None:
+    """NaNs and infinities must sit where the reference has them (a ulp distance would call the
+    largest finite value and inf one ulp apart)."""
+    if not bool((out.isnan() == ref.isnan()).all()):
+        return "NaN where the reference has none (or the reverse)"
+    if not bool((out.isposinf() == ref.isposinf()).all() and (out.isneginf() == ref.isneginf()).all()):
+        return "infinite where the reference is finite (or the reverse)"
+    return None
 
 
 def _count(out: object) -> int:
@@ -129,4 +152,5 @@ def _max_ulp_note(out: torch.Tensor, ref: torch.Tensor) -> str:
     finite = out.isfinite() & ref.isfinite()
     if not bool(finite.any()):
         return ""
-    return f", max {int(ulp_distance(out[finite], ref[finite]).max())} ulp"
+    worst = int(ulp_distance(out[finite], ref[finite]).max())
+    return f", max {worst} ulp" if worst else ", zeros of the other sign"

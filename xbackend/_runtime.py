@@ -1,18 +1,23 @@
-"""The runtime: plugins, registry, per-key dispatch cache, the first-use guard, and reports.
+"""The runtime: plugins, registry, per-key dispatch cache, the guard's bookkeeping, and reports.
 
 Hot path (``dispatch``): build the runtime key from shapes/strides/dtypes/devices (in C++ where
 ``_fastkey`` decided so), one dict lookup, call the verified impl. Everything else (checks, probing,
 resolution, verification) happens once per key, under a per-key lock, so eight threads hitting the
-same first use see one verification.
+same first use see one verification. An impl that raises after verification is disabled for its key
+and every caller that saw it raise takes the next candidate; the reference's own errors reach the caller.
 """
 
 from __future__ import annotations
 
+import collections
 import importlib.metadata
+import inspect
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +26,9 @@ import torch
 
 from . import _fastkey, hookspecs
 from ._device import Device, probe, simulated
+from ._guard import FallbackWarning, VerifyMode, isolated_call
 from ._opspec import OpSpec, describe_args
-from ._policy import _POLICY, Policy
+from ._policy import _POLICY, REFERENCE, Policy
 from ._precision import EXACT, Output
 from ._registry import Impl, Registrar, Registry
 from ._resolver import Context, Decision, decide
@@ -32,8 +38,18 @@ log = logging.getLogger("xbackend")
 
 ENTRY_POINT_GROUP = "xbackend"
 CORE = "xbackend"
-REFERENCE = "reference"
+# Plugin names that belong to this distribution: a third-party entry point named like one of them
+# would be taken for the builtin backend (or, for "xbackend", for the reference itself).
+RESERVED_PLUGINS = {CORE: None, REFERENCE: None, "cuda": "xbackend_cuda.plugin", "rocm": "xbackend_rocm.plugin"}
+_DISTRIBUTION = "xbackend"
 _MAX_KEYS = 4096  # per policy; shapes churn in some servers, so the cache must not grow unbounded
+_MAX_EVENTS = 4096  # report() keeps the latest events; the count of older ones is kept
+# A torch.OutOfMemoryError is retried once after emptying the allocator's cache; an impl is disabled
+# for a key only after this many calls ran out of memory in a row.
+OOM_STRIKES = 3
+_PRIORITY_FLOOR = -(2**31)  # the reference's priority: below anything a plugin can register
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
 class ImplUnusableError(RuntimeError):
@@ -44,10 +60,24 @@ def _env_list(name: str) -> frozenset[str]:
     return frozenset(p.strip() for p in os.environ.get(name, "").split(",") if p.strip())
 
 
+def env_flag(name: str, problems: list[str] | None = None) -> bool:
+    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case); unset is false."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        message = f"{name}={raw!r} is not a boolean (1/true/yes/on or 0/false/no/off); taken as false"
+        log.warning("xbackend: %s", message)
+        if problems is not None:
+            problems.append(message)
+    return False
+
+
 @dataclass
 class PluginStatus:
     name: str
-    source: str  # "entry point <value>", "explicit"
+    source: str  # "entry point <value> (<distribution>)", "explicit"
     error: str | None = None
     impls: list[str] = field(default_factory=list)
 
@@ -57,17 +87,20 @@ class Event:
     op: str
     key: str
     impl: str
-    status: str  # "verified", "mismatch", "raised", "unverified", "reference"
+    # "verified", "mismatch", "raised", "unverified", "reference", "transient", "rechecked"
+    status: str
     detail: str = ""
 
 
 class _Entry:
     """Dispatch state of one (policy, runtime key)."""
 
-    __slots__ = ("decisions", "described", "device", "disabled", "fn", "forced", "impl", "lock")
+    __slots__ = ("calls", "decisions", "described", "device", "disabled", "fn", "forced", "impl", "lock", "mode",
+                 "strikes")
 
-    def __init__(self, decisions: list[Decision], described: str, device: Device, forced: str | None) -> None:
-        self.fn: Any = None  # the verified callable, once there is one
+    def __init__(self, decisions: list[Decision], described: str, device: Device, forced: str | None,
+                 mode: VerifyMode) -> None:
+        self.fn: Any = None  # what calls run once verified: the impl's callable, or its checking wrapper
         self.impl: Impl | None = None  # whose callable that is
         self.decisions = decisions
         self.lock = threading.Lock()
@@ -75,6 +108,9 @@ class _Entry:
         self.described = described
         self.device = device
         self.forced = forced
+        self.mode = mode
+        self.calls = itertools.count(1)  # calls since verification (sample:N); next() is atomic in CPython
+        self.strikes: dict[str, int] = {}  # impl qualname -> out-of-memory failures in a row
 
 
 class Runtime:
@@ -90,42 +126,93 @@ class Runtime:
     ) -> None:
         self.pm = pluggy.PluginManager(CORE)
         self.pm.add_hookspecs(hookspecs)
-        self.blocked = frozenset(block) if block is not None else _env_list("XBACKEND_BLOCK")
+        # Load-time problems (unknown names, refused plugins, bad environment values), one line each:
+        # logged once here, listed by ``xbackend info``, fatal under ``--strict``.
+        self.problems: list[str] = []
+        self.blocked = self._blocklist(block)
         self.plugins: dict[str, PluginStatus] = {}
         if autoload is None:
-            autoload = os.environ.get("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
-        self._load_entry_points(None if autoload else _env_list("XBACKEND_PLUGINS"))
+            autoload = not env_flag("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", self.problems)
+        only = None if autoload else _env_list("XBACKEND_PLUGINS")
+        self._load_entry_points(only)
         for plugin in plugins:
             name, obj = plugin if isinstance(plugin, tuple) else (getattr(plugin, "__name__", repr(plugin)), plugin)
             self._add_plugin(name, obj, "explicit")
         self.registry = Registry(OPS)
         self._register_all()
-        self._references = {name: Impl(op=name, name=REFERENCE, fn=spec.reference, priority=-(2**31), precision=EXACT,
-                                       description="eager PyTorch reference", backend=CORE) for name, spec in OPS.items()}
+        self._references = {name: Impl(op=name, name=REFERENCE, fn=spec.reference, priority=_PRIORITY_FLOOR,
+                                       precision=EXACT, description="eager PyTorch reference", backend=CORE)
+                            for name, spec in OPS.items()}
+        self._check_names(only)
         self._caches: dict[Policy, dict[Any, _Entry]] = {}
         self._lock = threading.Lock()
         self._devices: dict[tuple[str, int | None], Device] = {}
         self._available: dict[Impl, str | None] = {}
-        self.events: list[Event] = []
-        self._logged: set[tuple[str, str, str]] = set()
+        self._arg_names = {name: tuple(inspect.signature(spec.bind).parameters) for name, spec in OPS.items()}
+        self.events: collections.deque[Event] = collections.deque(maxlen=_MAX_EVENTS)
+        self.events_total = 0  # events ever recorded; the deque keeps the latest _MAX_EVENTS
 
     # -- plugins ---------------------------------------------------------------------------------
+    def _blocklist(self, block: Iterable[str] | None) -> frozenset[str]:
+        names = frozenset(block) if block is not None else _env_list("XBACKEND_BLOCK")
+        protected = names & {CORE, REFERENCE, f"{CORE}:{REFERENCE}"}
+        if protected:
+            message = (f"cannot block {', '.join(sorted(protected))}: the reference is the fallback every impl is "
+                       f"proven against and always runs")
+            if block is not None:
+                raise ValueError(f"Runtime(block=...): {message}; remove it")
+            self._problem(f"XBACKEND_BLOCK: {message}; ignored")
+        return names - protected
+
+    def _problem(self, message: str) -> None:
+        self.problems.append(message)
+        log.warning("xbackend: %s", message)
+
+    def _check_names(self, only: frozenset[str] | None) -> None:
+        if only:
+            unknown = sorted(only - set(self.plugins))
+            if unknown:
+                self._problem(f"XBACKEND_PLUGINS names no installed plugin: {', '.join(unknown)} "
+                              f"(installed: {', '.join(self._entry_point_names()) or 'none'})")
+        known = set(self.plugins)
+        for op in self.registry.ops():
+            for impl in self.registry.impls(op):
+                known |= {impl.name, impl.qualname}
+        unknown = sorted(self.blocked - known)
+        if unknown:
+            self._problem(f"XBACKEND_BLOCK names no plugin or impl: {', '.join(unknown)}")
+
+    @staticmethod
+    def _entry_point_names() -> list[str]:
+        return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
     def _load_entry_points(self, only: frozenset[str] | None) -> None:
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             if (only is not None and ep.name not in only) or ep.name in self.plugins:
                 continue
+            dist = getattr(getattr(ep, "dist", None), "name", None) or "an unknown distribution"
+            source = f"entry point {ep.value} ({dist})"
+            refusal = _reserved_refusal(ep.name, ep.value, dist)
+            if refusal is not None:
+                self.plugins[ep.name] = PluginStatus(ep.name, source, refusal)
+                self._problem(f"plugin {ep.name!r} from {dist}: {refusal}")
+                continue
             if ep.name in self.blocked:
-                self.plugins[ep.name] = PluginStatus(ep.name, f"entry point {ep.value}", "blocked by XBACKEND_BLOCK")
+                self.plugins[ep.name] = PluginStatus(ep.name, source, "blocked by XBACKEND_BLOCK")
                 continue
             try:
                 obj = ep.load()
             except Exception as e:
-                self.plugins[ep.name] = PluginStatus(ep.name, f"entry point {ep.value}", f"import failed: {type(e).__name__}: {e}")
+                self.plugins[ep.name] = PluginStatus(ep.name, source, f"import failed: {type(e).__name__}: {e}")
                 log.warning("xbackend: plugin %r failed to import and was skipped: %s: %s", ep.name, type(e).__name__, e)
                 continue
-            self._add_plugin(ep.name, obj, f"entry point {ep.value}")
+            self._add_plugin(ep.name, obj, source)
 
     def _add_plugin(self, name: str, obj: object, source: str) -> None:
+        if source == "explicit" and name in RESERVED_PLUGINS and getattr(obj, "__name__", None) != RESERVED_PLUGINS[name]:
+            raise ValueError(f"Runtime: plugin name {name!r} is reserved for xbackend's own "
+                             f"{'reference' if RESERVED_PLUGINS[name] is None else 'builtin backend'}; "
+                             f"register this plugin under another name")
         if name in self.blocked:
             self.plugins[name] = PluginStatus(name, source, "blocked by XBACKEND_BLOCK")
             return
@@ -165,13 +252,21 @@ class Runtime:
                     extra |= found or {}
                 return simulated(where, extra)
         index = where.index
+        visible = where.type != "cuda" or torch.cuda.is_available()
         if where.type == "cuda" and index is None:
-            index = torch.cuda.current_device()
+            index = torch.cuda.current_device() if visible else 0
         cache_key = (where.type, index)
         dev = self._devices.get(cache_key)
         if dev is None:
             normalized = torch.device(where.type, index) if index is not None else torch.device(where.type)
-            dev = self.pm.hook.xbackend_probe_device(device=normalized) or probe(normalized)
+            dev = self.pm.hook.xbackend_probe_device(device=normalized)
+            if dev is None:
+                if not visible or (where.type == "cuda" and index >= torch.cuda.device_count()):
+                    raise ValueError(
+                        f"device {str(normalized)!r} is not visible here (torch.cuda.is_available() is "
+                        f"{torch.cuda.is_available()}, {torch.cuda.device_count()} device(s)); to plan for a GPU this "
+                        f"machine lacks, name a target instead (h100, h200, b200, mi300x, sm90, gfx950, ...)")
+                dev = probe(normalized)
             self._devices[cache_key] = dev
         return dev
 
@@ -189,11 +284,15 @@ class Runtime:
     def candidates(self, op: str) -> list[Impl]:
         return self.registry.impls(op) + [self._references[op]]
 
-    def decide(self, spec: OpSpec, args: tuple[Any, ...], device: Device, policy: Policy,
+    def reference(self, op: str) -> Impl:
+        """The op's reference as an impl record (``xbackend:reference``)."""
+        return self._references[op]
+
+    def decide(self, spec: OpSpec, args: tuple[Any, ...], device: Device, policy: tuple[Any, ...],
                disabled: dict[str, str] | None = None, assume_available: bool = False) -> list[Decision]:
-        tier, forced_pairs = policy
+        tier, forced_pairs = policy[0], policy[1]
         forced = dict(forced_pairs).get(spec.name)
-        ctx = Context(spec, args, device, tier, forced, self.blocked - {CORE}, disabled or {},
+        ctx = Context(spec, args, device, tier, forced, self.blocked, disabled or {},
                       (lambda impl: None) if assume_available else self.availability)
         decisions = decide(self.candidates(spec.name), ctx)
         if forced is not None:
@@ -210,6 +309,13 @@ class Runtime:
             raise ImplUnusableError(f"{spec.name}: forced impl {forced!r} cannot run this call: {reasons}")
 
     # -- dispatch --------------------------------------------------------------------------------
+    def lookup(self, key: Any) -> Callable[..., Output] | None:
+        """The callable a cached call with runtime ``key`` runs under the current policy, or None
+        (no runtime key yet, or not verified yet). The hot path of ``Op.__call__``."""
+        cache = self._caches.get(_POLICY.get())
+        entry = cache.get(key) if cache is not None else None
+        return entry.fn if entry is not None else None
+
     def dispatch(self, spec: OpSpec, args: tuple[Any, ...]) -> Output:
         policy = _POLICY.get()
         cache = self._caches.get(policy)
@@ -230,69 +336,187 @@ class Runtime:
             try:
                 return fn(*args)
             except Exception as e:
-                return self._after_failure(spec, entry, args, e)
+                return self.after_failure(spec, key, args, e, fn)
         return self._first_use(spec, entry, args)
 
     def _new_entry(self, spec: OpSpec, args: tuple[Any, ...], policy: Policy, cache: dict[Any, _Entry], key: Any) -> _Entry:
         spec.check(*args)
         device = self.device(spec.device_of(args))
         decisions = self.decide(spec, args, device, policy)
-        entry = _Entry(decisions, describe_args(args), device, dict(policy[1]).get(spec.name))
+        entry = _Entry(decisions, describe_args(args), device, dict(policy[1]).get(spec.name), policy[2])
         with self._lock:
             if len(cache) >= _MAX_KEYS:
                 cache.clear()
             return cache.setdefault(key, entry)
 
+    def _entry(self, key: Any) -> _Entry | None:
+        cache = self._caches.get(_POLICY.get())
+        return cache.get(key) if cache is not None else None
+
     def _first_use(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...]) -> Output:
+        """Resolve and verify under the entry's lock, or run what another thread verified meanwhile."""
         with entry.lock:
-            if entry.fn is not None:  # another thread verified it while we waited
-                return entry.fn(*args)
-            for decision in entry.decisions:
-                impl = decision.impl
-                if decision.reason is not None or impl.qualname in entry.disabled:
-                    continue
-                if impl.backend == CORE:
+            fn = entry.fn
+            if fn is None:
+                return self._resolve(spec, entry, args)
+        try:
+            return fn(*args)
+        except Exception as e:
+            return self._failed(spec, entry, args, e, fn)
+
+    def _resolve(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...]) -> Output:
+        """Try the candidates in order (caller holds ``entry.lock``): the first that passes its check
+        becomes the entry's callable; its output (computed on copies of the inputs) is the answer."""
+        reference = self._references[spec.name]
+        transient = False  # a candidate ran out of memory: answer this call, cache nothing
+        for decision in entry.decisions:
+            impl = decision.impl
+            if decision.reason is not None or impl.qualname in entry.disabled:
+                continue
+            if impl is reference:
+                if not transient:
                     entry.fn, entry.impl = impl.fn, impl
                     self._event(spec, entry, impl, "reference")
-                    return impl.fn(*args)
-                if _cannot_verify_now(args, spec):
-                    # A CUDA graph capture or a compile trace is no place to compare (it would sync);
-                    # run the reference now and verify on a later eager call.
-                    self._event(spec, entry, impl, "unverified", "first use during capture/trace; ran the reference")
-                    return spec.reference(*args)
-                try:
-                    fn = impl.resolved("fn")
-                    out = fn(*args)
-                    reason = spec.check_output(out, args, impl.precision)
-                    status = "mismatch"
-                except Exception as e:
-                    reason, status = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", "raised"
-                if reason is None:
-                    entry.fn, entry.impl = fn, impl
-                    self._event(spec, entry, impl, "verified", str(impl.precision))
-                    return out
-                self._disable(spec, entry, impl, status, reason)
-            raise AssertionError(f"{spec.name}: no candidate left, not even the reference")  # unreachable
+                return impl.fn(*args)
+            if _cannot_verify_now(args, spec):
+                # A CUDA graph capture or a compile trace is no place to compare (it would sync);
+                # run the reference now and verify on a later eager call.
+                self._event(spec, entry, impl, "unverified", "first use during capture/trace; ran the reference")
+                return spec.reference(*args)
+            out, status, reason, fn = self._check(spec, impl, args)
+            if status == "verified":
+                if not transient:
+                    entry.impl, entry.fn = impl, self._runner(spec, entry, impl, fn)
+                entry.strikes.pop(impl.qualname, None)
+                self._event(spec, entry, impl, "verified", str(impl.precision))
+                return out
+            if status == "transient" and self._strike(spec, entry, impl, reason):
+                transient = True
+                continue
+            self._disable(spec, entry, impl, status, reason)
+        raise AssertionError(f"{spec.name}: no candidate left, not even the reference")  # the reference is never disabled
 
-    def _after_failure(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...], error: Exception) -> Output:
+    def _check(self, spec: OpSpec, impl: Impl, args: tuple[Any, ...]) -> tuple[Any, str, str, Any]:
+        """One verification call of ``impl``: (output, status, reason, callable). Status "verified",
+        "mismatch", "raised" or "transient" (out of memory twice, the second time after emptying the
+        allocator's cache)."""
+        fn = None
+        for attempt in (1, 2):
+            try:
+                fn = impl.resolved("fn")
+                out, reason = isolated_call(fn, args, spec.tensor_args, self._arg_names[spec.name])
+                if reason is None:
+                    reason = spec.check_output(out, args, impl.precision)
+                return out, ("verified" if reason is None else "mismatch"), reason or "", fn
+            except torch.OutOfMemoryError as e:
+                if attempt == 2:
+                    return None, "transient", _one_line(e), fn
+                _empty_cache(spec.device_of(args))
+            except Exception as e:
+                return None, "raised", _one_line(e), fn
+        raise AssertionError("unreachable")
+
+    def _runner(self, spec: OpSpec, entry: _Entry, impl: Impl, fn: Callable[..., Output]) -> Callable[..., Output]:
+        """What the entry calls from now on: the impl itself (``first``), or a wrapper that checks every
+        call (``always``) or one call in N (``sample:N``)."""
+        mode = entry.mode
+        if mode.kind == "first":
+            return fn
+        every = 1 if mode.kind == "always" else mode.every
+        calls = entry.calls
+
+        def checked(*args: Any) -> Output:
+            if next(calls) % every or _cannot_verify_now(args, spec):
+                return fn(*args)
+            out, status, reason, _ = self._check(spec, impl, args)
+            if status == "verified":
+                return out
+            return self._recheck_failed(spec, entry, impl, checked, args, status, reason)
+
+        return checked
+
+    def _recheck_failed(self, spec: OpSpec, entry: _Entry, impl: Impl, runner: Any, args: tuple[Any, ...],
+                        status: str, reason: str) -> Output:
         with entry.lock:
-            failed = entry.impl
-            if failed is None or failed.backend == CORE:
-                raise error  # the reference itself failed: the caller's problem, surface it
-            entry.fn = entry.impl = None
-            self._disable(spec, entry, failed, "raised", f"{type(error).__name__}: {error}")
+            if entry.fn is runner:
+                if status == "transient" and self._strike(spec, entry, impl, reason):
+                    return spec.reference(*args)
+                entry.fn = entry.impl = None
+                self._disable(spec, entry, impl, status, f"on a later call ({entry.mode}): {reason}")
         return self._first_use(spec, entry, args)
+
+    def after_failure(self, spec: OpSpec, key: Any, args: tuple[Any, ...], error: Exception, fn: Any) -> Output:
+        """``fn``, the cached callable for runtime ``key``, raised ``error``: disable it for the key and
+        answer with the next candidate. The reference's own errors reach the caller."""
+        entry = self._entry(key)
+        if entry is None:  # the cache was cleared meanwhile: resolve from scratch
+            return self.dispatch(spec, args)
+        return self._failed(spec, entry, args, error, fn)
+
+    def _failed(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...], error: Exception, fn: Any) -> Output:
+        retry = False
+        with entry.lock:
+            if entry.fn is fn:  # the first thread to see this callable fail handles it; the others retry
+                failed = entry.impl
+                if failed is None or failed is self._references[spec.name]:
+                    raise error  # the reference itself failed: the caller's problem, surface it
+                if isinstance(error, torch.OutOfMemoryError) and self._strike(spec, entry, failed, _one_line(error)):
+                    retry = True
+                else:
+                    entry.fn = entry.impl = None
+                    self._disable(spec, entry, failed, "raised", _one_line(error))
+        if retry:
+            _empty_cache(spec.device_of(args))
+            try:
+                return fn(*args)
+            except torch.OutOfMemoryError:
+                return spec.reference(*args)  # this call only; the impl keeps its place until OOM_STRIKES
+        return self._first_use(spec, entry, args)
+
+    def _strike(self, spec: OpSpec, entry: _Entry, impl: Impl, reason: str) -> bool:
+        """Count an out-of-memory failure; True while the impl keeps its place (transient)."""
+        strikes = entry.strikes[impl.qualname] = entry.strikes.get(impl.qualname, 0) + 1
+        if strikes >= OOM_STRIKES:
+            return False
+        self._event(spec, entry, impl, "transient",
+                    f"{reason} ({strikes} of {OOM_STRIKES} in a row; retried after emptying the cache, this call "
+                    f"fell back)")
+        return True
 
     def _disable(self, spec: OpSpec, entry: _Entry, impl: Impl, status: str, reason: str) -> None:
         entry.disabled[impl.qualname] = reason
         self._event(spec, entry, impl, status, reason)
         if entry.forced is not None:
             raise ImplUnusableError(f"{spec.name}: forced impl {impl.qualname!r} failed its check on {entry.described}: {reason}")
-        log.warning("xbackend: %s impl %s %s on %s (%s); falling back", spec.name, impl.qualname,
-                    "failed verification" if status == "mismatch" else "raised", entry.described, reason)
+        what = "failed verification" if status == "mismatch" else ("ran out of memory" if status == "transient" else "raised")
+        message = f"xbackend: {spec.name} impl {impl.qualname} {what} on {entry.described} ({reason}); falling back"
+        log.warning("%s", message)
+        warnings.warn(message, FallbackWarning, stacklevel=2)
 
     def _event(self, spec: OpSpec, entry: _Entry, impl: Impl, status: str, detail: str = "") -> None:
         self.events.append(Event(spec.name, entry.described, impl.qualname, status, detail))
+        self.events_total += 1
+
+
+def _reserved_refusal(name: str, value: str, dist: str) -> str | None:
+    """Why an entry point may not use ``name``, or None."""
+    if name not in RESERVED_PLUGINS:
+        return None
+    builtin = RESERVED_PLUGINS[name]
+    if builtin is not None and value == builtin and dist.lower().replace("_", "-") == _DISTRIBUTION:
+        return None
+    owner = "the reference" if builtin is None else "the builtin backend"
+    return f"refused: the plugin name {name!r} is reserved for {owner}; the package must use another entry-point name"
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text and text[0] else type(error).__name__
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _cannot_verify_now(args: tuple[Any, ...], spec: OpSpec) -> bool:
@@ -321,6 +545,11 @@ def set_runtime(rt: Runtime | None) -> Runtime | None:
     global _current
     previous, _current = _current, rt
     return previous
+
+
+def current() -> Runtime | None:
+    """The process-wide runtime if one exists (never creates it)."""
+    return _current
 
 
 def dispatch(spec: OpSpec, args: tuple[Any, ...]) -> Output:

@@ -14,7 +14,9 @@ a time: memory is bounded by the chunk, never an N×N mask.
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 from typing import Any
 
 import torch
@@ -28,8 +30,12 @@ NAME = "neighborhood_attention"
 REL_FRO_BOUND = 0.005
 # Largest gathered K/V chunk the reference materialises, in elements (fp32): 256 MiB.
 _REFERENCE_CHUNK_ELEMS = 1 << 26
-# Queries the guard checks on first use when the full reference would be expensive.
-_GUARD_SAMPLE = 2048
+# The guard compares the whole output when it has at most GUARD_SAMPLE queries or the reference's work
+# (gathered K/V elements: batch * tokens * window * heads * head_dim) is at most GUARD_FULL_ELEMS
+# (2**26: the reference gathers ~170 M elements/s on a 2-core CPU, so ~0.4 s there); otherwise a random sample of
+# GUARD_SAMPLE queries plus every border region of every axis (``guard_queries``).
+GUARD_SAMPLE = 2048
+GUARD_FULL_ELEMS = 1 << 26
 
 
 # -- signature and checks ------------------------------------------------------------------------
@@ -162,15 +168,51 @@ def attend_fp32(
     return out
 
 
+def guard_queries(
+    spatial: tuple[int, ...],
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    work: int,
+    generator: torch.Generator,
+) -> torch.Tensor | None:
+    """Flat query indices the guard compares, or None for all of them.
+
+    All queries when there are at most ``GUARD_SAMPLE`` or the reference's work for all of them
+    (``work``: gathered K/V elements) is within ``GUARD_FULL_ELEMS``. Otherwise ``GUARD_SAMPLE`` random
+    queries (drawn anew on every verification), plus, on every axis, every coordinate whose window
+    is shifted by the border (the first and last ``(k//2 + 1) * dilation`` positions; for a causal axis
+    the first ``k * dilation``) at random coordinates on the other axes, plus every corner."""
+    tokens = math.prod(spatial)
+    if tokens <= GUARD_SAMPLE or work <= GUARD_FULL_ELEMS:
+        return None
+    n = len(spatial)
+    rows = [torch.stack([torch.randint(0, length, (GUARD_SAMPLE,), generator=generator) for length in spatial], 1)]
+    for axis, (length, ks, dil, causal) in enumerate(zip(spatial, kernel_size, dilation, is_causal, strict=True)):
+        lead = ks * dil if causal else (ks // 2 + 1) * dil
+        tail = (ks - ks // 2) * dil + dil
+        border = sorted(set(range(min(lead, length))) | set(range(max(0, length - tail), length)))
+        block = torch.stack([torch.randint(0, length_, (len(border),), generator=generator) for length_ in spatial], 1)
+        block[:, axis] = torch.tensor(border)
+        rows.append(block)
+    rows.append(torch.tensor(list(itertools.product(*[(0, length - 1) for length in spatial])), dtype=torch.long))
+    coords = torch.cat(rows)
+    strides = torch.tensor([math.prod(spatial[a + 1 :]) for a in range(n)])
+    return torch.unique((coords * strides).sum(1))
+
+
 def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> str | None:
-    """Compare a sample of queries (all of them when few) with the fp32 reference."""
-    q = args[0]
+    """Compare the output with the fp32 reference: all of it when that is cheap, else the queries
+    ``guard_queries`` picks (random ones and every border region)."""
+    q, kernel_size = args[0], args[3]
     batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
-    tokens = math.prod(q.shape[1:-2])
-    sample = None
-    if tokens > _GUARD_SAMPLE:
-        gen = torch.Generator().manual_seed(tokens)
-        sample = torch.randperm(tokens, generator=gen)[:_GUARD_SAMPLE].sort().values.to(q.device)
+    spatial = tuple(q.shape[1:-2])
+    tokens = math.prod(spatial)
+    work = batch * tokens * math.prod(kernel_size) * heads * dim
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    sample = guard_queries(spatial, kernel_size, args[4], args[5], work, generator)
+    if sample is not None:
+        sample = sample.to(q.device)
     ref = attend_fp32(*args, query_index=sample)
     got = out.reshape(batch, tokens, heads, dim)
     if sample is not None:
@@ -182,7 +224,16 @@ def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> st
 
 # -- key and planning example --------------------------------------------------------------------
 def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: Any, dilation: Any, is_causal: Any, scale: Any) -> tuple[Any, ...]:
-    return (NAME, tensor_sig(q), tensor_sig(k), tensor_sig(v), kernel_size, dilation, is_causal, scale)
+    # Each non-tensor value with its type tag: (3, 3) == (3.0, 3.0) and (1, 0) == (True, False), but
+    # check() accepts one of each pair only. The same tags as the C++ key's, so the two forms agree.
+    return (NAME, tensor_sig(q), tensor_sig(k), tensor_sig(v), kernel_size, _tag(kernel_size), dilation, _tag(dilation),
+            is_causal, _tag(is_causal), scale, type(scale))
+
+
+def _tag(value: Any) -> Any:
+    """The type tag of one non-tensor key item: its type, or for a tuple its elements' types
+    (xbackend/_fastkey.cpp ``type_tag``)."""
+    return tuple(map(type, value)) if type(value) is tuple else type(value)
 
 
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
