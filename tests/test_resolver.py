@@ -92,4 +92,56 @@ def test_plan_output_is_printable_and_json(fleet) -> None:
     assert text.splitlines()[0].startswith("gated_residual on sm100 (NVIDIA B200, simulated)")
     assert "-> fleet:blackwell" in text
     d = p.to_dict()
-    assert d["chosen"] == "blackwell" and d["device"]["simulated"] is True
+    assert d["chosen"] == "fleet:blackwell" and (d["op"], d["dtype"], d["quality"]) == ("gated_residual", "float16", "lossless")
+    assert {c["impl"]: c["verdict"] for c in d["candidates"]}["fleet:blackwell"] == "chosen"
+    assert all(c["reason"] for c in d["candidates"])  # every verdict explained, eligible ones too
+
+
+def verdicts(p: xbackend.Plan) -> dict[str, str]:
+    return {r.qualname: r.verdict for r in p.rows}
+
+
+def test_every_filter_reports_its_verdict_code(fleet) -> None:
+    p = xbackend.plan("gated_residual", "gfx950", dtype=torch.float16)
+    assert verdicts(p) == {"fleet:approx": "quality", "fleet:bf16_only": "dtype", "fleet:hopper": "arch",
+                           "fleet:blackwell": "arch", "fleet:pointwise": "chosen", "xbackend:reference": "lower_priority"}
+    ref = p.rows[-1]
+    assert ref.reason is None and ref.why == "lower priority than fleet:pointwise (20 > -1)"
+    assert verdicts(xbackend.plan("rmsnorm", "gfx950"))["fleet:vendor_lib"] == "unavailable"
+    x = torch.empty(1, 4, 7, dtype=torch.float16, device="meta")
+    assert verdicts(xbackend.plan("gated_residual", "gfx942", args=(x, x, x[:, :1])))["fleet:pointwise"] == "unsupported"
+    with xbackend.use(gated_residual="pointwise"):
+        assert verdicts(xbackend.plan("gated_residual", "sm90", dtype=torch.float16))["fleet:hopper"] == "forced"
+    with fresh_runtime([("fleet", FleetPlugin())], block={"hopper"}):
+        assert verdicts(xbackend.plan("gated_residual", "sm90"))["fleet:hopper"] == "blocked"
+
+
+def test_verdict_codes_cover_every_filter() -> None:
+    from xbackend._resolver import FILTERS, VERDICTS
+
+    assert [name for name, _ in FILTERS] == list(VERDICTS)
+    assert set(VERDICTS.values()) == {"forced", "blocked", "arch", "dtype", "quality", "unavailable", "unsupported", "disabled"}
+
+
+def _same_priority(name: str):
+    class Plugin:
+        @xbackend.hookimpl
+        def xbackend_register_impls(self, registrar):
+            registrar.register(op="gated_residual", name="k", fn=lambda *a: None, priority=50, devices="sm90")
+            registrar.register(op="gated_residual", name="j", fn=lambda *a: None, priority=50, devices="sm90")
+
+    return (name, Plugin())
+
+
+def test_equal_priorities_break_by_backend_then_impl_name_whatever_the_load_order() -> None:
+    orders = []
+    for plugins in ([_same_priority("zeta"), _same_priority("alpha")], [_same_priority("alpha"), _same_priority("zeta")]):
+        with fresh_runtime(plugins) as rt:
+            orders.append([i.qualname for i in rt.candidates("gated_residual")])
+            p = xbackend.plan("gated_residual", "sm90")
+    assert orders[0] == orders[1] == ["alpha:j", "alpha:k", "zeta:j", "zeta:k", "xbackend:reference"]
+    assert verdicts(p) == {"alpha:j": "chosen", "alpha:k": "tie", "zeta:j": "tie", "zeta:k": "tie",
+                           "xbackend:reference": "lower_priority"}
+    rows = {r.qualname: r for r in p.rows}
+    assert rows["zeta:k"].why == "tie with alpha:j at priority 50: alpha:j sorts first (backend name, then impl name)"
+    assert rows["alpha:j"].why == "highest priority eligible; wins the tie with alpha:k on backend, then impl name"

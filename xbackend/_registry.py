@@ -32,7 +32,9 @@ class Impl:
     arguments and returns None or a short reason it cannot take them; it sees shapes, strides and
     dtypes only (it also runs on meta tensors when planning for a simulated device). ``available``
     returns None or why the impl cannot run on this host at all (a missing package, a failed build);
-    it is called once and cached.
+    it is called once and cached. ``verified_on`` lists the (torch version prefix, Triton version
+    prefix) pairs on which the impl's precision contract was checked on real hardware; ``()`` means
+    never (the guard still checks every first use).
     """
 
     op: str
@@ -46,11 +48,13 @@ class Impl:
     available: Callable[[], str | None] | None = None
     description: str = ""
     backend: str = ""
+    verified_on: tuple[tuple[str, str], ...] = ()
     device_specs: tuple[DeviceSpec, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device_specs", DeviceSpec.parse(self.devices))
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        object.__setattr__(self, "verified_on", tuple((str(t), str(tr)) for t, tr in self.verified_on))
 
     def resolved(self, field_name: str) -> Callable[..., Any] | None:
         """``fn`` or ``supports`` as a callable, importing a ``"module:attr"`` string once."""
@@ -72,7 +76,8 @@ class Impl:
 
 
 class Registry:
-    """Impls per op, highest priority first. The reference is appended by the runtime, last."""
+    """Impls per op: highest priority first, then by backend name, then impl name. The reference is
+    appended by the runtime, last."""
 
     def __init__(self, op_names: Iterable[str]) -> None:
         self._impls: dict[str, list[Impl]] = {name: [] for name in op_names}
@@ -93,7 +98,9 @@ class Registry:
                 )
         impls = self._impls[impl.op]
         impls.append(impl)
-        impls.sort(key=lambda i: -i.priority)  # stable: equal priorities keep registration order
+        # Equal priorities are broken by backend name, then impl name, never by registration order:
+        # plugin load order follows install order, and a plan must not change with it.
+        impls.sort(key=lambda i: (-i.priority, i.backend, i.name))
 
     def snapshot(self) -> dict[str, list[Impl]]:
         return {op: list(impls) for op, impls in self._impls.items()}

@@ -3,6 +3,12 @@
 Each filter looks at one candidate and returns None or a short reason. Filters run in the order
 below and the first reason a candidate hits is the one reported, so reasons are ranked from the most
 fundamental (wrong device) to the most specific (this exact input failed its first-use check).
+
+Every decision also carries a machine-readable verdict: the code of the filter that rejected it
+(``VERDICTS``), or for an eligible candidate ``chosen`` (the first eligible one, which the guard tries
+first), ``tie`` (eligible at the chosen one's priority, sorted after it by backend then impl name) or
+``lower_priority``. Candidates arrive ordered by priority, then backend name, then impl name
+(``Registry.add``), so the same registry always gives the same verdicts.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from ._opspec import OpSpec
 from ._precision import QUALITY_TIERS, admits
 from ._registry import Impl
 
-__all__ = ["FILTERS", "Context", "Decision", "decide"]
+__all__ = ["ELIGIBLE", "FILTERS", "VERDICTS", "Context", "Decision", "decide"]
 
 
 @dataclass
@@ -37,6 +43,8 @@ class Context:
 class Decision:
     impl: Impl
     reason: str | None  # None: eligible
+    verdict: str = "chosen"  # a VERDICTS value or one of ELIGIBLE
+    lost_to: Impl | None = None  # for "tie" and "lower_priority": the chosen impl
 
     @property
     def eligible(self) -> bool:
@@ -104,15 +112,38 @@ FILTERS: tuple[tuple[str, Callable[[Impl, Context], str | None]], ...] = (
 )
 
 
+# Filter name -> the verdict code a rejection by it reports (stable: fleet goldens and CI read them).
+VERDICTS: dict[str, str] = {
+    "forced": "forced",
+    "blocked": "blocked",
+    "device": "arch",
+    "dtype": "dtype",
+    "quality": "quality",
+    "available": "unavailable",
+    "supports": "unsupported",
+    "disabled": "disabled",
+}
+ELIGIBLE = ("chosen", "tie", "lower_priority")
+
+
 def decide(impls: list[Impl], c: Context) -> list[Decision]:
-    """One decision per impl, in priority order."""
+    """One decision per impl, in the order given (priority, backend name, impl name)."""
     decisions = []
+    chosen: Impl | None = None
     for impl in impls:
-        reason = None
-        for _, check in FILTERS:
+        reason = verdict = None
+        for name, check in FILTERS:
             if (reason := check(impl, c)) is not None:
+                verdict = VERDICTS[name]
                 break
-        decisions.append(Decision(impl, reason))
+        if verdict is not None:
+            decisions.append(Decision(impl, reason, verdict))
+        elif chosen is None:
+            chosen = impl
+            decisions.append(Decision(impl, None, "chosen"))
+        else:
+            tied = impl.priority == chosen.priority
+            decisions.append(Decision(impl, None, "tie" if tied else "lower_priority", chosen))
     return decisions
 
 
