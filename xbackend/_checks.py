@@ -3,6 +3,10 @@ what came, so the caller can fix the call without reading a kernel."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ._registry import FLOAT_DTYPES
@@ -56,3 +60,26 @@ def choice(op: str, arg: str, value: object, options: tuple[str, ...]) -> str:
     if value not in options:
         raise fail(op, arg, " or ".join(repr(o) for o in options), repr(value))
     return value  # type: ignore[return-value]
+
+
+def bad_call(op: str, signature: str, bind: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> TypeError | None:
+    """The TypeError for a call that does not fit ``bind``'s parameters, naming the op and its
+    signature (Python's own says ``bind() got ...``); None when the call fits, so a TypeError that
+    bind raised for another reason stays as it is. Only the error path runs this."""
+    params = inspect.signature(bind).parameters
+    names = list(params)
+    unknown = [name for name in kwargs if name not in params]
+    twice = [name for name in names[: len(args)] if name in kwargs]
+    missing = [name for name in names[len(args):]
+               if name not in kwargs and params[name].default is inspect.Parameter.empty]  # fmt: skip
+    if unknown:
+        problem = f"unexpected keyword argument {unknown[0]!r}"
+    elif len(args) > len(names):
+        problem = f"takes at most {len(names)} positional arguments ({len(args)} given)"
+    elif twice:
+        problem = f"argument {twice[0]!r} given twice (by position and by keyword)"
+    elif missing:
+        problem = f"missing required argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}"
+    else:
+        return None
+    return TypeError(f"{op}: {problem}; signature: {signature}")
