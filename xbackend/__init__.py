@@ -7,7 +7,8 @@ import pluggy
 
 from ._api import Op, Plan, Report, get_op, list_ops, plan, report
 from ._device import Device
-from ._policy import quality, use
+from ._guard import FallbackWarning
+from ._policy import quality, use, verify
 from ._precision import EXACT, Precision, tolerance, ulp
 from ._registry import Impl, Registrar, RegistrationError
 from ._runtime import ImplUnusableError, Runtime, runtime
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "EXACT",
     "Device",
+    "FallbackWarning",
     "Impl",
     "ImplUnusableError",
     "Op",
@@ -42,4 +44,5 @@ __all__ = [
     "ulp",
     "unpatch",
     "use",
+    "verify",
 ]

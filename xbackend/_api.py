@@ -292,6 +292,7 @@ def plan(
 @dataclass(frozen=True)
 class Report:
     events: tuple[Any, ...]
+    dropped: int = 0  # older events the runtime no longer keeps (it keeps the latest 4096)
 
     def to_dict(self) -> list[dict[str, str]]:
         return [e.__dict__ for e in self.events]
@@ -300,6 +301,8 @@ class Report:
         if not self.events:
             return "xbackend report: no op has run yet"
         lines = ["xbackend report: op / input / impl / status"]
+        if self.dropped:
+            lines.append(f"  ({self.dropped} earlier events not kept)")
         for e in self.events:
             detail = f" ({e.detail})" if e.detail else ""
             lines.append(f"  {e.op:<22} {e.key:<48} {e.impl:<28} {e.status}{detail}")
@@ -311,4 +314,6 @@ class Report:
 
 def report() -> Report:
     """What ran, what was verified, and what failed and fell back, in order of first use."""
-    return Report(tuple(runtime().events))
+    rt = runtime()
+    events = tuple(rt.events)
+    return Report(events, rt.events_total - len(events))

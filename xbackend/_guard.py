@@ -1,15 +1,16 @@
 """The guard: one verified call of a candidate impl against the op's reference.
 
 A verification call never lets the candidate touch the caller's tensors. Each input storage the call
-reads is copied (the span its views cover, at the same alignment modulo 512 bytes, so an impl takes the
-same vectorised path on the copy as on the original) and the candidate runs on views of the copies with
-the caller's shapes, strides and storage offsets. The reference runs on the caller's own tensors. After
-the candidate returns, its copies are compared byte for byte with the originals (a write anywhere in
-the span is a mutation) and its outputs' storages with the copies' (an output sharing an input's memory
-is an alias). Either rejects the impl; so does an output that misses the op's precision contract.
+reads is copied (the span its views cover) and the candidate runs on views of the copies with the
+caller's shapes and strides, at data addresses equal to the caller's modulo 512 bytes, so it takes the
+same vectorised path as on the originals (the storage offset itself may differ). The reference runs on
+the caller's own tensors. After the candidate returns, its copies are compared byte for byte with the
+originals (a write anywhere in the span is a mutation) and its outputs' storages with the copies' (an
+output sharing an input's memory is an alias). Either rejects the impl; so does an output that misses
+the op's precision contract.
 
-Copies cost one extra read and write of every input, on verification calls only (first use per runtime
-key in the default mode; see ``VerifyMode``).
+Copies cost one extra read and write of every input, on verification calls only (the first call per
+runtime key in the default mode; see ``VerifyMode``).
 """
 
 from __future__ import annotations
@@ -121,9 +122,10 @@ def isolated_inputs(args: tuple[Any, ...], tensor_args: tuple[int, ...],
     copies: dict[int, _Copy] = {}
     for ptr, (storage, device, lo, hi, arg_names) in spans.items():
         original = _storage_bytes(storage, device)[lo:hi]
-        base = lo % _ALIGN
-        buf = torch.empty(base + hi - lo, dtype=torch.uint8, device=device)
-        data = buf[base:]
+        buf = torch.empty(_ALIGN + hi - lo, dtype=torch.uint8, device=device)
+        # Start the copy at the original's address modulo _ALIGN (allocators align less on the CPU).
+        base = (ptr + lo - buf.data_ptr()) % _ALIGN
+        data = buf[base : base + hi - lo]
         data.copy_(original)
         copies[ptr] = _Copy(original, data, base - lo, arg_names)
     out = list(args)

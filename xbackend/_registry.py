@@ -129,6 +129,11 @@ class Registrar:
             impl = Impl(**fields)  # type: ignore[arg-type]
         elif fields:
             raise TypeError("register() takes an Impl or keyword fields, not both")
+        if impl.name == "reference" or impl.qualname.endswith(":reference"):
+            raise RegistrationError(
+                f"plugin {self.plugin_name!r} registered an impl named 'reference' for op {impl.op!r}; the name is "
+                f"reserved for the op's reference (use(op='reference') forces it): choose another name"
+            )
         if impl.backend and impl.backend != self.plugin_name:
             raise RegistrationError(
                 f"plugin {self.plugin_name!r} registered impl {impl.name!r} claiming backend {impl.backend!r}"

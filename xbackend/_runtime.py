@@ -209,7 +209,8 @@ class Runtime:
             self._add_plugin(ep.name, obj, source)
 
     def _add_plugin(self, name: str, obj: object, source: str) -> None:
-        if source == "explicit" and name in RESERVED_PLUGINS and getattr(obj, "__name__", None) != RESERVED_PLUGINS[name]:
+        if source == "explicit" and name in RESERVED_PLUGINS and (
+                RESERVED_PLUGINS[name] is None or getattr(obj, "__name__", None) != RESERVED_PLUGINS[name]):
             raise ValueError(f"Runtime: plugin name {name!r} is reserved for xbackend's own "
                              f"{'reference' if RESERVED_PLUGINS[name] is None else 'builtin backend'}; "
                              f"register this plugin under another name")

@@ -1,0 +1,384 @@
+"""Fault injection against the guard's promise: a caller never gets a wrong answer, a crash or a hang
+from a fast path. One test per way through that promise (build locks, cache ownership, distributed
+decode and runtime keys have their own modules: test_faults_build, test_faults_distributed,
+test_faults_keys)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import threading
+import warnings
+
+import pytest
+import torch
+
+import xbackend
+from xbackend.ops import gated_residual as gr
+from xbackend.ops import neighborhood_attention as na
+from xbackend.ops import rmsnorm as rn
+from xbackend.testing import fresh_runtime
+
+gated_residual = xbackend.get_op("gated_residual")
+rmsnorm = xbackend.get_op("rmsnorm")
+
+
+def inputs(d: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(d)
+    x, u = (torch.randn(2, 8, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    return x, u, torch.randn(2, 1, d, generator=g).to(torch.bfloat16)
+
+
+def plugin(op: str, name: str, fn, **fields):
+    class _Plugin:
+        @xbackend.hookimpl
+        def xbackend_register_impls(self, registrar):
+            registrar.register(op=op, name=name, fn=fn, priority=fields.pop("priority", 50), devices="cpu", **fields)
+
+    return (name, _Plugin())
+
+
+def statuses(rt) -> list[tuple[str, str]]:
+    return [(e.impl, e.status) for e in rt.events]
+
+
+# -- wrong answers -------------------------------------------------------------------------------
+def test_an_impl_writing_its_output_into_x_is_rejected_and_x_is_untouched() -> None:
+    def into_x(x, u, g):
+        return torch.add(x, u * g, out=x)
+
+    x, u, g = inputs()
+    before = x.clone()
+    with fresh_runtime([plugin("gated_residual", "inplace", into_x)]) as rt:
+        out = gated_residual(x, u, g)
+    assert torch.equal(x, before)
+    assert torch.equal(out, before + u * g)
+    assert statuses(rt)[0] == ("inplace:inplace", "mismatch")
+    assert "modified its input 'x' in place" in rt.events[0].detail
+
+
+def test_an_impl_that_mutates_then_returns_the_reference_of_the_mutation_is_rejected() -> None:
+    def sneaky(x, u, g):
+        x.mul_(-1)
+        return gr.reference(x, u, g)
+
+    x, u, g = inputs()
+    before = x.clone()
+    with fresh_runtime([plugin("gated_residual", "sneaky", sneaky)]) as rt:
+        out = gated_residual(x, u, g)
+    assert torch.equal(x, before) and torch.equal(out, before + u * g)
+    assert statuses(rt) == [("sneaky:sneaky", "mismatch"), ("xbackend:reference", "reference")]
+
+
+def test_an_output_aliasing_an_input_is_rejected() -> None:
+    def returns_view(x, weight, eps, flavour):
+        return x.view(x.shape)  # correct values only when the norm is the identity; aliasing regardless
+
+    x = torch.ones(4, 16, dtype=torch.float32)
+    with fresh_runtime([plugin("rmsnorm", "alias", returns_view)]) as rt:
+        out = rmsnorm(x, None, 0.0, "torch")
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert "sharing memory with input 'x'" in rt.events[0].detail
+
+
+def test_copies_keep_strides_offsets_and_shared_storage() -> None:
+    seen = {}
+
+    def spy(x, u, g):
+        seen["x"] = (x.shape, x.stride(), x.data_ptr() % 512)
+        seen["g"] = g.stride()
+        seen["shared"] = x.untyped_storage().data_ptr() == u.untyped_storage().data_ptr()
+        return gr.reference(x, u, g)
+
+    base = torch.randn(3, 8, 64).to(torch.bfloat16)
+    x, u = base[1:], base[1:]  # one storage, an offset view
+    g = torch.randn(1, 1, 64).to(torch.bfloat16).expand(2, 1, 64)  # stride 0
+    with fresh_runtime([plugin("gated_residual", "spy", spy)]) as rt:
+        gated_residual(x, u, g)
+    assert seen["x"] == (x.shape, x.stride(), x.data_ptr() % 512)
+    assert seen["g"] == g.stride() and seen["shared"]
+    assert statuses(rt) == [("spy:spy", "verified")]
+
+
+def test_double_backward_is_the_references() -> None:
+    for op, reference, make in (
+        (rmsnorm, rn.reference, lambda: (torch.randn(3, 16), torch.randn(16), 1e-6, "torch")),
+        (gated_residual, gr.reference, lambda: (torch.randn(2, 4, 8), torch.randn(2, 4, 8), torch.randn(2, 1, 8))),
+    ):
+        grads = []
+        for fn in (op, reference):
+            torch.manual_seed(0)
+            args = [a.requires_grad_() if isinstance(a, torch.Tensor) else a for a in make()]
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            (g,) = torch.autograd.grad(fn(*args).pow(2).sum(), tensors[0], create_graph=True)
+            assert g.requires_grad
+            grads.append(torch.autograd.grad(g.pow(2).sum(), tensors))
+        for ours, theirs in zip(*grads, strict=True):
+            # The same math through a different graph (the op's backward re-runs the reference), so
+            # fp32 rounding may differ; a detached first-order gradient would be off by O(1).
+            torch.testing.assert_close(ours, theirs)
+
+
+class _FakeDist:
+    name = "evil-kernels"
+
+
+class _FakeEntryPoint:
+    def __init__(self, name: str, obj: object) -> None:
+        self.name, self.value, self.dist, self._obj = name, "evil_kernels.plugin", _FakeDist(), obj
+
+    def load(self) -> object:
+        return self._obj
+
+
+@pytest.mark.parametrize("name", ["xbackend", "cuda", "rocm", "reference"])
+def test_entry_points_named_like_a_builtin_are_refused(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, zeros = plugin("rmsnorm", "zeros", lambda x, w, eps, flavour: torch.zeros_like(x))
+    eps = [_FakeEntryPoint(name, zeros)]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps)
+    rt = xbackend.Runtime()
+    assert rt.plugins[name].error is not None and "reserved" in rt.plugins[name].error
+    assert "evil-kernels" in rt.plugins[name].source
+    assert any("evil-kernels" in p for p in rt.problems)
+    assert [i.qualname for i in rt.candidates("rmsnorm")] == ["xbackend:reference"]
+
+
+def test_explicit_plugin_named_xbackend_is_refused() -> None:
+    _, zeros = plugin("rmsnorm", "zeros", lambda x, w, eps, flavour: torch.zeros_like(x))
+    with pytest.raises(ValueError, match="'xbackend' is reserved"):
+        xbackend.Runtime([("xbackend", zeros)], autoload=False)
+
+
+def test_exact_compares_bits() -> None:
+    def negative_zero(x, u, g):
+        out = gr.reference(x, u, g)
+        return torch.where(out == 0, -0.0, out).to(out.dtype)
+
+    def wrong_nan(x, u, g):
+        out = gr.reference(x, u, g)
+        out.view(-1)[0] = float("nan")
+        return out
+
+    x, u, g = inputs()
+    u.view(-1)[:8] = 0
+    x.view(-1)[:8] = 0
+    for name, fn in (("negzero", negative_zero), ("nan", wrong_nan)):
+        with fresh_runtime([plugin("gated_residual", name, fn)]) as rt:
+            gated_residual(x, u, g)
+        assert statuses(rt)[0] == (f"{name}:{name}", "mismatch"), rt.events[0]
+    assert xbackend.Precision() == xbackend.EXACT
+    from xbackend._precision import compare
+
+    nan = torch.tensor([float("nan"), 1.0])
+    assert compare(nan, nan.clone(), xbackend.EXACT) is None  # NaN against NaN at the same place
+
+
+def test_ulp_contract_refuses_inf_where_the_reference_is_finite() -> None:
+    big = torch.finfo(torch.bfloat16).max
+
+    def overflow(x, u, g):
+        out = gr.reference(x, u, g)
+        return torch.where(out == big, float("inf"), out).to(out.dtype)
+
+    x = torch.full((1, 1, 8), big, dtype=torch.bfloat16)
+    u, g = torch.zeros_like(x), torch.ones(1, 1, 8, dtype=torch.bfloat16)
+    with fresh_runtime([plugin("gated_residual", "inf", overflow, precision=xbackend.ulp(1))]) as rt, xbackend.quality("high"):
+        assert torch.equal(gated_residual(x, u, g), x)
+    assert statuses(rt)[0] == ("inf:inf", "mismatch")
+    assert "infinite where the reference is finite" in rt.events[0].detail
+
+
+def test_neighborhood_attention_guard_sees_unsampled_rows() -> None:
+    def zero_rows(q, k, v, kernel_size, dilation, is_causal, scale):
+        out = na.reference(q, k, v, kernel_size, dilation, is_causal, scale)
+        flat = out.view(out.shape[0], -1, *out.shape[-2:])
+        flat[:, 1000:1200] = 0  # 200 interior query rows
+        return out
+
+    q, k, v = (torch.randn(1, 64, 64, 1, 16).to(torch.bfloat16) for _ in range(3))
+    with fresh_runtime([plugin("neighborhood_attention", "holes", zero_rows, precision=xbackend.tolerance(na.REL_FRO_BOUND))]) as rt:
+        xbackend.get_op("neighborhood_attention")(q, k, v, kernel_size=(3, 3))
+    assert statuses(rt)[0] == ("holes:holes", "mismatch")
+
+
+def test_neighborhood_attention_sample_covers_every_border_and_is_random() -> None:
+    spatial, ks, dil, causal = (40, 96, 96), (11, 11, 11), (1, 1, 1), (False, False, False)
+    work = 40 * 96 * 96 * 1331 * 4 * 64
+    picks = [na.guard_queries(spatial, ks, dil, causal, work, torch.Generator().manual_seed(s)) for s in (1, 2)]
+    assert not torch.equal(picks[0], picks[1])
+    for sample in picks:
+        coords = torch.stack([sample // (96 * 96), (sample // 96) % 96, sample % 96], 1)
+        for axis, length in enumerate(spatial):
+            present = set(coords[:, axis].tolist())
+            assert set(range(6)) <= present and set(range(length - 7, length)) <= present
+    full = na.guard_queries((8, 8), (3, 3), (1, 1), (False, False), 10, torch.Generator())
+    assert full is None
+
+
+def test_sample_and_always_modes_catch_an_impl_wrong_from_its_second_call() -> None:
+    calls = {"n": 0}
+
+    def second_call_wrong(x, u, g):
+        calls["n"] += 1
+        out = gr.reference(x, u, g)
+        return out if calls["n"] == 1 else out + 1
+
+    x, u, g = inputs()
+    # sample:3: the third call after the verified one is compared (calls 2 and 3 go unchecked).
+    for mode, wrong_calls in (("always", 0), ("sample:3", 2)):
+        calls["n"] = 0
+        with fresh_runtime([plugin("gated_residual", "late", second_call_wrong)]) as rt, xbackend.verify(mode):
+            results = [gated_residual(x, u, g) for _ in range(4)]
+        wrong = sum(not torch.equal(r, x + u * g) for r in results)
+        assert wrong == wrong_calls, (mode, statuses(rt))
+        assert ("late:late", "mismatch") in statuses(rt)
+    calls["n"] = 0
+    with fresh_runtime([plugin("gated_residual", "late", second_call_wrong)]):
+        results = [gated_residual(x, u, g) for _ in range(2)]
+    assert not torch.equal(results[1], x + u * g)  # first: the documented limit of the default mode
+
+
+def test_verify_mode_from_the_environment() -> None:
+    code = ("import xbackend, xbackend._policy as p; print(p.current_verify_mode()); "
+            "import contextlib\nwith xbackend.verify('sample:10'): print(p.current_verify_mode())")
+    env = {"XBACKEND_VERIFY": "always", "PATH": "", "XBACKEND_FAST_KEY": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["always", "sample:10"], out.stderr
+    with pytest.raises(ValueError, match="'first', 'always' or 'sample:N'"):
+        xbackend.verify("sometimes").__enter__()
+
+
+# -- crashes -------------------------------------------------------------------------------------
+def test_every_thread_falls_back_when_a_verified_impl_starts_raising() -> None:
+    state = {"fail": False}
+
+    def flaky(x, u, g):
+        if state["fail"]:
+            threading.Event().wait(0.01)  # keep the eight callers inside the failing call together
+            raise RuntimeError("CUDA error: unspecified launch failure (simulated)")
+        return gr.reference(x, u, g)
+
+    x, u, g = inputs()
+    with fresh_runtime([plugin("gated_residual", "flaky", flaky)]) as rt:
+        gated_residual(x, u, g)
+        state["fail"] = True
+        barrier = threading.Barrier(8)
+        results, errors = [], []
+
+        def worker() -> None:
+            barrier.wait()
+            try:
+                results.append(gated_residual(x, u, g))
+            except Exception as e:  # the promise: no caller sees the impl's error
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and len(results) == 8
+    assert all(torch.equal(r, x + u * g) for r in results)
+    assert [s for _, s in statuses(rt)].count("raised") == 1
+
+
+def test_transient_out_of_memory_does_not_disable_the_impl() -> None:
+    state = {"oom": 0, "calls": 0}
+
+    def sometimes_oom(x, u, g):
+        state["calls"] += 1
+        if state["oom"]:
+            state["oom"] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return gr.reference(x, u, g)
+
+    x, u, g = inputs()
+    with fresh_runtime([plugin("gated_residual", "oom", sometimes_oom)]) as rt:
+        gated_residual(x, u, g)
+        state["oom"] = 1  # one OOM: the retry after emptying the cache succeeds
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        state["oom"] = 2  # twice in a row: this call falls back, the impl keeps its place
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert rt.lookup(next(iter(rt._caches[xbackend._policy._POLICY.get()]))) is sometimes_oom
+        assert "transient" in [s for _, s in statuses(rt)]
+        assert "1 of 3 in a row" in str(xbackend.report())
+        state["oom"] = 10**6  # out of memory on every call: disabled after OOM_STRIKES
+        for _ in range(3):
+            assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert statuses(rt)[-1] == ("xbackend:reference", "reference")
+
+
+def test_the_reference_cannot_be_blocked_or_shadowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XBACKEND_BLOCK", "reference")
+    with fresh_runtime(block=None) as rt:
+        assert "cannot block reference" in " ".join(rt.problems)
+        x, u, g = inputs()
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+    with pytest.raises(ValueError, match="cannot block xbackend"):
+        xbackend.Runtime(block=["xbackend"], autoload=False)
+    with fresh_runtime([("shadow", plugin("rotary_embedding", "reference", lambda *a: None)[1])]) as rt:
+        assert "reserved" in (rt.plugins["shadow"].error or "")
+        with xbackend.use(rotary_embedding="reference"):
+            plan = xbackend.plan("rotary_embedding", "cpu")
+        assert plan.chosen.backend == "xbackend"
+
+
+def test_xbackend_info_survives_a_blocked_reference() -> None:
+    env = {"XBACKEND_BLOCK": "reference", "PATH": "", "XBACKEND_FAST_KEY": "0"}
+    out = subprocess.run([sys.executable, "-m", "xbackend.cli", "info"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "cannot block reference" in out.stdout + out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only machine's answer")
+def test_plan_for_an_invisible_cuda_device_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from xbackend.cli import main
+
+    assert main(["plan", "--device", "cuda:0"]) == 2
+    err = capsys.readouterr().err
+    assert "'cuda:0' is not visible here" in err and "h100" in err and "Traceback" not in err
+
+
+# -- smaller -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("value", "autoload"), [("false", True), ("0", True), ("", True), ("1", False), ("TRUE", False)])
+def test_autoload_switch_parses_booleans(value: str, autoload: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", value)
+    monkeypatch.delenv("XBACKEND_PLUGINS", raising=False)
+    rt = xbackend.Runtime()
+    assert ("cuda" in rt.plugins) is autoload
+
+
+def test_unknown_plugin_and_block_names_are_reported(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("XBACKEND_PLUGINS", "cuda,cdua")
+    monkeypatch.setenv("XBACKEND_BLOCK", "tritn")
+    rt = xbackend.Runtime()
+    assert any("cdua" in p for p in rt.problems) and any("tritn" in p for p in rt.problems)
+    assert "cdua" in caplog.text
+
+
+def test_events_are_bounded() -> None:
+    from xbackend import _runtime
+
+    with fresh_runtime() as rt:
+        for n in range(1, _runtime._MAX_EVENTS + 50):
+            rt._event(rt.candidates("rmsnorm")[0].op and xbackend.get_op("rmsnorm").spec,
+                      type("E", (), {"described": str(n)})(), rt.reference("rmsnorm"), "reference")
+        assert len(rt.events) == _runtime._MAX_EVENTS
+        assert rt.events_total == _runtime._MAX_EVENTS + 49
+        assert "earlier events not kept" in str(xbackend.report())
+
+
+def test_fallback_is_a_warning_of_its_own_category() -> None:
+    def wrong(x, u, g):
+        return gr.reference(x, u, g) + 1
+
+    with fresh_runtime([plugin("gated_residual", "wrong", wrong)]), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gated_residual(*inputs())
+    assert [w.category for w in caught] == [xbackend.FallbackWarning]
+    with fresh_runtime([plugin("gated_residual", "wrong", wrong)]), warnings.catch_warnings():
+        warnings.simplefilter("error", xbackend.FallbackWarning)
+        with pytest.raises(xbackend.FallbackWarning, match="wrong:wrong failed verification"):
+            gated_residual(*inputs())
