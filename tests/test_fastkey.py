@@ -7,6 +7,7 @@ The extension is built once per test session into the usual cache ($XBACKEND_CAC
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
@@ -31,13 +32,19 @@ gated_residual = xbackend.get_op("gated_residual")
 rmsnorm = xbackend.get_op("rmsnorm")
 
 
+@functools.cache
+def _built() -> tuple[ModuleType, Path]:
+    # Cached per process, not per fixture: other test modules bind this fixture under their own name.
+    module, _ = _fastkey.build()
+    return module, _fastkey.cache_root()
+
+
 @pytest.fixture(scope="session")
 def ext() -> tuple[ModuleType, Path]:
     problem = _fastkey.build_problem()
     if problem is not None:
         pytest.skip(f"the C++ dispatch key extension cannot be built here: {problem}")
-    module, _ = _fastkey.build()
-    return module, _fastkey.cache_root()
+    return _built()
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +72,30 @@ def keyfn(module: ModuleType, mask: int = 0b111):
 
 def sig(t):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def tagged(v):
+    """What both key forms hold of a non-tensor argument: the value and its type tag."""
+    return v, tuple(map(type, v)) if type(v) is tuple else type(v)
+
+
+class Tup(tuple):
+    """A tuple subclass: equal to a plain tuple of the same items, so only its tag tells it apart."""
+
+
+# Non-tensor arguments in classes of equal values of other types (1 == 1.0 == True, (1, 0) == (True,
+# False)): a key comparing values alone would confuse the members of a class.
+EQUAL = [[None], [0, 0.0, False, -0.0], [1, 1.0, True], [3, 3.0], ["torch"], [()],
+         [(1, 0), (True, False), (1.0, 0.0)], [(3, 3), (3.0, 3.0), (3, 3.0), Tup((3, 3))], [[3, 3], [3.0, 3.0]],
+         [((1,),), ((True,),)], [2**70, 2.0**70]]  # fmt: skip
+
+
+@st.composite
+def _scalar_pair(draw):
+    """Two non-tensor arguments, most often members of one EQUAL class (equal values, maybe other types)."""
+    first = draw(st.sampled_from(EQUAL))
+    second = first if draw(st.integers(0, 3)) else draw(st.sampled_from(EQUAL))
+    return draw(st.sampled_from(first)), draw(st.sampled_from(second))
 
 
 # -- equal iff the Python keys are equal -----------------------------------------------------------
@@ -98,6 +129,25 @@ def test_keys_are_equal_iff_the_python_keys_are(ext, a, b, same) -> None:
     assert (fx == fy) == ([sig(t) for t in xs] == [sig(t) for t in ys])
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_scalar_pair(), min_size=2, max_size=2), st.booleans(), st.booleans())
+def test_non_tensor_arguments_key_by_value_and_type(ext, pairs, same_tensor, tensor_first) -> None:
+    """A tensor and two non-tensor arguments, in either order: keys are equal iff the tensors' metadata,
+    the values and their type tags are."""
+    (a0, b0), (a1, b1) = pairs
+    a, b = (a0, a1), (b0, b1)
+    k = keyfn(ext[0], mask=0b001 if tensor_first else 0b100)
+    x = torch.randn(2, 3)
+    y = torch.empty_like(x) if same_tensor else x.t()
+
+    def call(t, values):
+        return k(t, *values) if tensor_first else k(*values, t)
+
+    fx, fy = call(x, a), call(y, b)
+    assert isinstance(fx[1], bytes)
+    assert (fx == fy) == (sig(x) == sig(y) and [tagged(v) for v in a] == [tagged(v) for v in b]), (a, b)
+
+
 def test_op_keys_agree_with_the_python_keys(fast) -> None:
     x = torch.randn(2, 8, 64)
     w, w2 = torch.randn(64), torch.randn(64, dtype=torch.float64)[::1].float()
@@ -107,10 +157,28 @@ def test_op_keys_agree_with_the_python_keys(fast) -> None:
         ("gated_residual", (x, x, x[:, :1])), ("gated_residual", (x, x, x[:, :1].contiguous())), ("gated_residual", (x, x, x)),
         ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], None, 1e-6, "torch")), ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], w, 1e-6, "torch")),
     ]
+    # Equal values of other types: each pair would share a key if keys compared values alone.
+    calls += [("rmsnorm", (x, w, 1.0, "torch")), ("rmsnorm", (x, w, 1, "torch")), ("rmsnorm", (x, w, True, "torch")),
+              ("rmsnorm", (x, None, 0.0, "torch")), ("rmsnorm", (x, None, False, "torch")),
+              ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], None, 1, "torch")),
+              ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], None, 1.0, "torch"))]  # fmt: skip
     q = torch.randn(1, 6, 6, 2, 8)
     calls += [("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), None)),
               ("neighborhood_attention", (q, q, q, (3, 3), (1, 2), (False, False), None)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 0.5))]
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 0.5)),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 1)),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 1.0)),
+              ("neighborhood_attention", (q, q, q, (3.0, 3.0), (1, 1), (False, False), None)),
+              ("neighborhood_attention", (q, q, q, (3, 3.0), (1, 1), (False, False), None)),
+              ("neighborhood_attention", (q, q, q, (3, 3), (True, True), (False, False), None)),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (True, False), None)),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (1, 0), None)),
+              ("neighborhood_attention", (q, q, q, Tup((3, 3)), (1, 1), (False, False), None))]  # fmt: skip
+    c = torch.randn(2, 8, 64)
+    calls += [("rotary_embedding", (x, c, c, "interleaved")), ("rotary_embedding", (x, c, c, "split")),
+              ("qk_norm_rope", (x, x, w, w, c, c, 1e-6, "torch", "interleaved")),
+              ("qk_norm_rope", (x, x, w, w, c, c, 1, "torch", "interleaved")),
+              ("qk_norm_rope", (x, x, w, w, c, c, 1.0, "torch", "interleaved"))]  # fmt: skip
     for name, args in calls:
         assert isinstance(fast[name](*args)[1], bytes), name
     for n1, a1 in calls:
@@ -148,8 +216,16 @@ def test_non_tensor_arguments_stay_python_objects(ext) -> None:
     k = ext[0].make("rmsnorm", 0b11, OPS["rmsnorm"].key)
     x = torch.randn(2, 4)
     key = k(x, None, 1e-6, "torch")
-    assert key[0] == "rmsnorm" and key[2:] == (1e-6, "torch")
+    assert key[0] == "rmsnorm" and key[2:] == (1e-6, float, "torch", str)
     assert key != k(x, None, 1e-5, "torch") and key != k(x, None, 1e-6, "diffusers")
+    assert k(x, None, 1.0, "torch") != k(x, None, True, "torch") != k(x, None, 1, "torch")
+    # A tuple's tag is its elements' types: (3, 3) and (3.0, 3.0) are equal values of other types.
+    nk = ext[0].make("neighborhood_attention", 0b111, OPS["neighborhood_attention"].key)
+    q = torch.randn(1, 6, 6, 2, 8)
+    assert nk(q, q, q, (3, 3), (1, 1), (True, False), None)[2:] == \
+        ((3, 3), (int, int), (1, 1), (int, int), (True, False), (bool, bool), None, type(None))
+    assert nk(q, q, q, (3.0, 3.0), (1, 1), (1, 0), None)[2:] == \
+        ((3.0, 3.0), (float, float), (1, 1), (int, int), (1, 0), (int, int), None, type(None))
 
 
 # -- what the C++ code does not read itself goes to the Python key ----------------------------------

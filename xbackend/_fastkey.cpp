@@ -3,13 +3,17 @@
 // KeyFn(name, tensor_mask, fallback) is a vectorcall callable. Called with an op's bound positional
 // arguments it returns
 //
-//     (name, meta, *the arguments at non-tensor positions, in order)
+//     (name, meta, a, tag(a), b, tag(b), ...)   for the arguments a, b, ... at non-tensor positions
 //
 // where `meta` is bytes holding, for each position whose bit is set in tensor_mask, in order:
 // None -> one byte 0; a tensor -> a header (tag 1, dtype, device type, device index, ndim) then
 // ndim sizes and ndim strides as int64. That is exactly what the Python keys (xbackend/ops/*.py
-// `key`) read of a tensor: shape, stride(), dtype, device. So two calls get equal keys iff their
-// Python keys are equal; the encoding is self-delimiting, so it is injective.
+// `key`) read of a tensor: shape, stride(), dtype, device; the encoding is self-delimiting, so it is
+// injective. tag(a) is type(a), or for an exact tuple the tuple of its elements' types: values compare
+// with ==, and 1.0 == True, (1, 0) == (True, False), (3, 3) == (3.0, 3.0), while an op's check()
+// accepts only one of each pair. The Python keys carry the same value and tag per non-tensor argument,
+// so two calls get equal keys iff their Python keys are equal, and a cached key implies that check()
+// passed for arguments of these very types.
 //
 // Whatever this code cannot read exactly as Python would is handed to `fallback` (the op's Python
 // key) with the same arguments: a tensor subclass or a non-tensor at a tensor position (Python
@@ -85,6 +89,28 @@ bool encode(const at::Tensor& t, char* buf, size_t* pos) {
   }
 }
 
+// A new reference to the type tag of one non-tensor argument (see the top of this file): a type
+// object, or for an exact tuple a tuple of its elements' types. The Python keys build the same thing
+// as `tuple(map(type, a)) if type(a) is tuple else type(a)`.
+PyObject* type_tag(PyObject* a) {
+  if (!PyTuple_CheckExact(a)) {
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(a));
+    Py_INCREF(type);
+    return type;
+  }
+  const Py_ssize_t size = PyTuple_GET_SIZE(a);
+  PyObject* types = PyTuple_New(size);
+  if (types == nullptr) {
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(PyTuple_GET_ITEM(a, i)));
+    Py_INCREF(type);
+    PyTuple_SET_ITEM(types, i, type);
+  }
+  return types;
+}
+
 PyObject* keyfn_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<KeyFn*>(callable);
   const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
@@ -107,7 +133,7 @@ PyObject* keyfn_vectorcall(PyObject* callable, PyObject* const* args, size_t nar
       return fall_back(self, args, nargsf, kwnames);
     }
   }
-  PyObject* key = PyTuple_New(2 + others);
+  PyObject* key = PyTuple_New(2 + 2 * others);
   if (key == nullptr) {
     return nullptr;
   }
@@ -122,8 +148,14 @@ PyObject* keyfn_vectorcall(PyObject* callable, PyObject* const* args, size_t nar
   Py_ssize_t j = 2;
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (!((self->mask >> i) & 1)) {
+      PyObject* tag = type_tag(args[i]);
+      if (tag == nullptr) {
+        Py_DECREF(key);  // the unset items are NULL, which tuple dealloc skips
+        return nullptr;
+      }
       Py_INCREF(args[i]);
       PyTuple_SET_ITEM(key, j++, args[i]);
+      PyTuple_SET_ITEM(key, j++, tag);
     }
   }
   return key;
@@ -197,7 +229,7 @@ PyMODINIT_FUNC XB_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   if (m == nullptr) {
     return nullptr;
   }
-  if (PyModule_AddIntConstant(m, "FORMAT", 1) < 0) {
+  if (PyModule_AddIntConstant(m, "FORMAT", 2) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

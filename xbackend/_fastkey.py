@@ -3,11 +3,14 @@
 Every eager call builds a key of its inputs and looks it up in the dispatch cache (issue 2 bounds the
 whole call at 2 µs over the kernel). The Python keys (``key`` in ``xbackend/ops/*.py``) read shape,
 stride(), dtype and device of every tensor, ~0.1 µs per attribute; the C++ key reads the same four
-things of each tensor in one call and returns ``(op name, bytes, *non-tensor args)``. Two calls get
-equal C++ keys iff their Python keys are equal, so a cached key still implies that the op's
-``check()`` passed. Inputs the C++ code cannot read exactly as Python would (tensor subclasses, an
-active torch function mode, symbolic sizes, sparse/nested tensors) get the Python key, per call;
-such keys never equal a C++ one.
+things of each tensor in one call and returns ``(op name, bytes, arg, tag(arg), ...)`` for the
+non-tensor args. Both forms hold each non-tensor arg with its type tag (its type; for a tuple, its
+elements' types): values compare with ``==``, and ``1.0 == True`` or ``(3, 3) == (3.0, 3.0)`` while
+``check()`` accepts only one of each. Two calls get equal C++ keys iff their Python keys are equal,
+so a cached key still implies that the op's ``check()`` passed for arguments of these very types
+(tests/test_fastkey.py holds the two forms to that). Inputs the C++ code cannot read exactly as
+Python would (tensor subclasses, an active torch function mode, symbolic sizes, sparse/nested
+tensors) get the Python key, per call; such keys never equal a C++ one.
 
 Loading policy. The key form is decided once per process, at the first dispatch (before any cache
 entry exists, so a cache never mixes the two forms for the same inputs); ``import xbackend`` never

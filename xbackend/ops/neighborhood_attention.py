@@ -76,6 +76,8 @@ def check(
     chk.tensor(NAME, "q", q)
     if not 4 <= q.dim() <= 6:
         raise chk.fail(NAME, "q", "[B, *spatial, heads, head_dim] with 1 to 3 spatial dims (4-D to 6-D)", f"{q.dim()}-D {chk.shape_str(q)}")
+    if q.shape[-1] < 1:  # scale=None is head_dim ** -0.5; and an attention over no channels is no call to make
+        raise chk.fail(NAME, "q", "a head_dim (last dim) >= 1", chk.shape_str(q))
     for name, t in (("k", k), ("v", v)):
         chk.tensor(NAME, name, t)
         chk.same_dtype_device(NAME, name, t, q, "q")
@@ -84,8 +86,11 @@ def check(
     spatial = tuple(q.shape[1:-2])
     n = len(spatial)
     for name, value in (("kernel_size", kernel_size), ("dilation", dilation)):
-        if not (isinstance(value, tuple) and len(value) == n and all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
-            raise chk.fail(NAME, name, f"an int or {n} ints (one per spatial dim of 'q')", value, TypeError if not isinstance(value, tuple) else ValueError)
+        expected = f"an int or {n} ints (one per spatial dim of 'q')"
+        if not (isinstance(value, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
+            raise chk.fail(NAME, name, expected, value, TypeError)
+        if len(value) != n:  # ints, but not one per axis
+            raise chk.fail(NAME, name, expected, value)
         if any(i < 1 for i in value):
             raise chk.fail(NAME, name, "values >= 1", value)
     if not (isinstance(is_causal, tuple) and len(is_causal) == n and all(isinstance(c, bool) for c in is_causal)):

@@ -79,11 +79,13 @@ def reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k
 def key(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
         cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str, layout: str) -> tuple[Any, ...]:  # fmt: skip
     # Flat, no helper calls: this runs on every call (the C++ key replaces it where built).
+    # Every non-tensor value comes with its type (1.0 == True, but check() accepts one of them only),
+    # as in the C++ key: a cached key then implies check() passed for these very argument types.
     wq = None if q_weight is None else (q_weight.shape, q_weight.stride(), q_weight.dtype, q_weight.device)
     wk = None if k_weight is None else (k_weight.shape, k_weight.stride(), k_weight.dtype, k_weight.device)
     return (NAME, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, wq, wk,
             cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
-            eps, flavour, layout)  # fmt: skip
+            eps, type(eps), flavour, type(flavour), layout, type(layout))  # fmt: skip
 
 
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:

@@ -61,9 +61,12 @@ def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour:
 # -- key and planning example --------------------------------------------------------------------
 def key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
     # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
+    # Every non-tensor value comes with its type (1.0 == True, but check() accepts one of them only),
+    # as in the C++ key: a cached key then implies check() passed for these very argument types.
     if weight is None:
-        return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, flavour)
-    return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, flavour, weight.shape, weight.stride(), weight.dtype, weight.device)
+        return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, type(eps), flavour, type(flavour))
+    return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, type(eps), flavour, type(flavour),
+            weight.shape, weight.stride(), weight.dtype, weight.device)
 
 
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:

@@ -46,8 +46,10 @@ def reference(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight:
 # -- key and planning example --------------------------------------------------------------------
 def key(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
     # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
+    # Every non-tensor value comes with its type (1.0 == True, but check() accepts one of them only),
+    # as in the C++ key: a cached key then implies check() passed for these very argument types.
     head = (NAME, x.shape, x.stride(), x.dtype, x.device, scale.shape, scale.stride(), scale.dtype, scale.device,
-            shift.shape, shift.stride(), shift.dtype, shift.device, eps, flavour)
+            shift.shape, shift.stride(), shift.dtype, shift.device, eps, type(eps), flavour, type(flavour))
     if weight is None:
         return head
     return (*head, weight.shape, weight.stride(), weight.dtype, weight.device)

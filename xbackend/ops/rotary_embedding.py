@@ -51,6 +51,9 @@ def check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, op
         b, h, t, r = cos.shape
         if tuple(x.shape) != (b, t, h * 2 * r):
             raise chk.fail(op, x_name, f"shape [{b}, {t}, {h * 2 * r}] for a [B, H, T, D/2] cos", chk.shape_str(x))
+        if 0 in (b, h, t):  # the reference cannot split such an x into heads (its reshape needs B, T and H)
+            raise chk.fail(op, x_name, "B, H and T >= 1 for a [B, H, T, D/2] cos",
+                           f"{chk.shape_str(x)} against a cos of {chk.shape_str(cos)}")
         return
     chk.broadcasts_to(op, "cos", cos, (*x.shape[:-1], half), f"{x_name}'s leading dims and D/2")
 
@@ -89,9 +92,10 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
 
 # -- key and planning example --------------------------------------------------------------------
 def key(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[Any, ...]:
-    # Flat, no helper calls: this runs on every call (the C++ key replaces it where built).
+    # Flat, no helper calls: this runs on every call (the C++ key replaces it where built). layout comes
+    # with its type, as every non-tensor value of every key does (the C++ key's rule).
     return (NAME, x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, cos.device,
-            sin.shape, sin.stride(), sin.dtype, sin.device, layout)
+            sin.shape, sin.stride(), sin.dtype, sin.device, layout, type(layout))
 
 
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:

@@ -1,0 +1,148 @@
+"""Faults at the edge of the dispatch key and the op signature: a cached key must imply that the op's
+check() passed for these very argument types (so validation never depends on what ran before), zero
+sizes get the op's ValueError rather than an arithmetic error, and a bad call names the op and its
+signature. Key-dependent tests run under both key forms (Python, and C++ where it can be built)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import test_fastkey
+import torch
+
+import xbackend
+from xbackend import _checks as chk
+from xbackend import _fastkey
+from xbackend.ops import OPS
+from xbackend.testing import fresh_runtime
+
+ext = test_fastkey.ext  # the session's one build of the C++ key extension
+
+na = xbackend.get_op("neighborhood_attention")
+rmsnorm = xbackend.get_op("rmsnorm")
+
+
+@pytest.fixture(params=["python", "c++"])
+def key_form(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Installs one key form for the test and gives the process its own back afterwards."""
+    saved = (_fastkey.KEYS, _fastkey._state)
+    module = request.getfixturevalue("ext")[0] if request.param == "c++" else None
+    _fastkey._install(_fastkey.KeyForm(request.param, "test"), module)
+    try:
+        yield request.param
+    finally:
+        _fastkey._set(*saved)
+
+
+def q_(head_dim: int = 8) -> torch.Tensor:
+    return torch.randn(1, 6, 6, 2, head_dim, generator=torch.Generator().manual_seed(0))
+
+
+# -- a cached key implies that check() passed for these argument types ------------------------------
+def test_a_bool_eps_is_rejected_after_an_equal_float_ran(key_form: str) -> None:
+    x = torch.randn(2, 8)
+    with fresh_runtime():
+        rmsnorm(x, None, 1.0, "torch")
+        with pytest.raises(TypeError, match="rmsnorm: argument 'eps' expected a float, got bool"):
+            rmsnorm(x, None, True, "torch")
+
+
+def test_int_flags_are_rejected_after_equal_bools_ran(key_form: str) -> None:
+    q = q_()
+    with fresh_runtime():
+        na(q, q, q, 3, 1, (True, False))
+        with pytest.raises(TypeError, match=r"neighborhood_attention: argument 'is_causal' expected a bool or 2 bools"):
+            na(q, q, q, 3, 1, (1, 0))
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first call", "after (3, 3) ran"])
+def test_float_kernel_sizes_get_the_ops_type_error(key_form: str, warm: bool) -> None:
+    q = q_()
+    with fresh_runtime():
+        if warm:
+            na(q, q, q, (3, 3))
+        with pytest.raises(TypeError, match=r"neighborhood_attention: argument 'kernel_size' expected an int or 2 ints .*got \(3\.0, 3\.0\)"):
+            na(q, q, q, (3.0, 3.0))
+
+
+def test_keys_differ_in_the_type_of_equal_scalars(key_form: str) -> None:
+    keys = _fastkey.KEYS
+    x, q = torch.randn(2, 8), q_()
+    for a, b in [(1.0, True), (1, 1.0), (1, True), (0.0, False)]:
+        assert keys["rmsnorm"](x, None, a, "torch") != keys["rmsnorm"](x, None, b, "torch"), (a, b)
+        assert keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), a) != \
+            keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), b), (a, b)
+    for a, b in [((3, 3), (3.0, 3.0)), ((1, 1), (True, True)), ((3, 3), [3, 3])]:
+        assert keys["neighborhood_attention"](q, q, q, a, (1, 1), (False, False), None) != \
+            keys["neighborhood_attention"](q, q, q, b, (1, 1), (False, False), None), (a, b)
+    same = keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), None)
+    assert same == keys["neighborhood_attention"](q_(), q_(), q_(), (3, 3), (1, 1), (False, False), None)
+
+
+# -- zero sizes: the op's ValueError ---------------------------------------------------------------
+@pytest.mark.parametrize("scale", [None, 0.5])
+def test_neighborhood_attention_rejects_head_dim_0(scale: float | None) -> None:
+    q = q_(0)
+    with pytest.raises(ValueError, match=r"neighborhood_attention: argument 'q' expected a head_dim \(last dim\) >= 1, got shape \[1, 6, 6, 2, 0\]"):
+        na(q, q, q, 3, scale=scale)
+
+
+@pytest.mark.parametrize(("op", "x_shape", "cos_shape"), [
+    ("rotary_embedding", (0, 4, 32), (0, 2, 4, 8)),  # no batch
+    ("rotary_embedding", (1, 0, 32), (1, 2, 0, 8)),  # no tokens
+    ("rotary_embedding", (1, 4, 0), (1, 0, 4, 8)),  # no heads
+    ("qk_norm_rope", (0, 4, 32), (0, 2, 4, 8)),
+    ("qk_norm_rope", (1, 0, 32), (1, 2, 0, 8)),  # (no heads is a last dim of 0: rmsnorm's check says so)
+])  # fmt: skip
+def test_split_rope_with_a_per_head_cos_rejects_empty_inputs(op: str, x_shape: tuple[int, ...], cos_shape: tuple[int, ...]) -> None:
+    """The [B, T, H*D] x against a [B, H, T, D/2] cos: the reference's reshape into heads fails on a
+    zero B, T or H with a bare RuntimeError."""
+    x, cos = torch.randn(x_shape), torch.randn(cos_shape)
+    args = (x, cos, cos, "split") if op == "rotary_embedding" else (x, x, None, None, cos, cos, 1e-6, "torch", "split")
+    name = "x" if op == "rotary_embedding" else "q"
+    with fresh_runtime(), pytest.raises(ValueError, match=rf"^{op}: argument '{name}' expected B, H and T >= 1 for a \[B, H, T, D/2\] cos, got shape "):
+        xbackend.get_op(op)(*args)
+
+
+# -- a bad call names the op and its signature -----------------------------------------------------
+def valid_args(name: str) -> tuple[Any, ...]:
+    x, w = torch.randn(2, 4, 8), torch.randn(8)
+    return {
+        "rmsnorm": (x, w),
+        "rmsnorm_modulate": (x, x, x),
+        "gated_residual": (x, x, x),
+        "rotary_embedding": (x, x, x),
+        "qk_norm_rope": (x, x, w, w, x, x),
+        "neighborhood_attention": (q_(), q_(), q_(), 3),
+    }[name]
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_a_bad_call_names_the_op_and_its_signature(name: str) -> None:
+    op, args = xbackend.get_op(name), valid_args(name)
+    signature = OPS[name].signature
+    first = signature.split("(")[1].split(",")[0]
+    with fresh_runtime():
+        op(*args)  # the arguments themselves are fine
+        calls = [
+            ((*args,), {"foo": 1}, "unexpected keyword argument 'foo'"),
+            ((*args, *[None] * 10), {}, rf"takes at most \d+ positional arguments \({len(args) + 10} given\)"),
+            ((), {}, rf"missing required arguments? '{first}'(, '\w+')*"),
+            ((*args,), {first: args[0]}, rf"argument '{first}' given twice \(by position and by keyword\)"),
+        ]
+        for a, kw, problem in calls:
+            with pytest.raises(TypeError, match=rf"^{name}: {problem}; signature: {re.escape(signature)}$"):
+                op(*a, **kw)
+
+
+def test_a_type_error_from_inside_bind_is_kept() -> None:
+    """Only a signature mismatch is rewritten: bind's own TypeErrors stay what they were."""
+    def bind(x: Any, y: Any = 1) -> tuple[Any, ...]:
+        raise TypeError("inside")
+
+    assert chk.bad_call("op", "op(x, y=1)", bind, (1,), {"y": 2}) is None
+    assert str(chk.bad_call("op", "op(x, y=1)", bind, (1,), {"z": 2})) == \
+        "op: unexpected keyword argument 'z'; signature: op(x, y=1)"
