@@ -42,12 +42,17 @@ def q_(head_dim: int = 8) -> torch.Tensor:
 
 
 # -- a cached key implies that check() passed for these argument types ------------------------------
-def test_a_bool_eps_is_rejected_after_an_equal_float_ran(key_form: str) -> None:
-    x = torch.randn(2, 8)
+@pytest.mark.parametrize("name", ["rmsnorm", "rmsnorm_modulate", "qk_norm_rope"])
+def test_a_bool_eps_is_rejected_after_an_equal_float_ran(key_form: str, name: str) -> None:
+    x = torch.randn(2, 4, 8)
+    head = {"rmsnorm": (x, None), "rmsnorm_modulate": (x, x, x, None), "qk_norm_rope": (x, x, None, None, x, x)}[name]
+    tail = ("interleaved",) if name == "qk_norm_rope" else ()
+    op = xbackend.get_op(name)
+    assert isinstance(op._key(*head, 1.0, "torch", *tail)[1], bytes) == (key_form == "c++")
     with fresh_runtime():
-        rmsnorm(x, None, 1.0, "torch")
-        with pytest.raises(TypeError, match="rmsnorm: argument 'eps' expected a float, got bool"):
-            rmsnorm(x, None, True, "torch")
+        op(*head, 1.0, "torch", *tail)
+        with pytest.raises(TypeError, match=f"{name}: argument 'eps' expected a float, got bool"):
+            op(*head, True, "torch", *tail)
 
 
 def test_int_flags_are_rejected_after_equal_bools_ran(key_form: str) -> None:
