@@ -42,6 +42,9 @@ class OpSpec:
     verify: Callable[[Output, tuple[Any, ...], Precision], str | None] | None = None
     # The fake (meta) impl registered on ``custom_op``; also backs the inference-only op (below).
     fake: Callable[..., Output] | None = None
+    # The conformance catalogue: ``cases(dtype, device, big)`` -> the op's ``Case`` list (``big``: also
+    # the cases that need more than 4 GiB of device memory, such as offsets past 2**31 elements).
+    cases: Callable[[torch.dtype, torch.device, bool], list[Any]] | None = None
 
     def device_of(self, args: tuple[Any, ...]) -> torch.device:
         return args[self.tensor_args[0]].device

@@ -12,6 +12,7 @@ import torch
 
 from .. import _checks as chk
 from .._opspec import OpSpec, contiguous, register_reference_autograd
+from . import _cases as C
 
 NAME = "gated_residual"
 
@@ -65,6 +66,36 @@ def _fake(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Te
 
 register_reference_autograd(gated_residual_op, reference, (0, 1, 2))
 
+# -- conformance cases ---------------------------------------------------------------------------
+def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
+    def r(*shape: int, seed: int = 0) -> torch.Tensor:
+        return C.randn(*shape, dtype=dtype, device=device, seed=seed)
+
+    x, u = r(2, 8, 64), r(2, 8, 64, seed=1)
+    out = [
+        C.Case("full gate", (x, u, r(2, 8, 64, seed=2))),
+        C.Case("gate [B,1,D]", (x, u, r(2, 1, 64, seed=2))),
+        C.Case("gate [1,1,D]", (x, u, r(1, 1, 64, seed=2))),
+        C.Case("gate [D]", (x, u, r(64, seed=2))),
+        C.Case("per-token gate [B,L,1]", (x, u, r(2, 8, 1, seed=2))),
+        C.Case("gate [1,L,1]", (x, u, r(1, 8, 1, seed=2))),
+        C.Case("scalar-like gate [1]", (x, u, r(1, seed=2))),
+        C.Case("empty [0,8,64]", (r(0, 8, 64), r(0, 8, 64, seed=1), r(1, 1, 64, seed=2))),
+        C.Case("one row", (r(1, 1, 64), r(1, 1, 64, seed=1), r(1, 1, 64, seed=2))),
+        C.Case("odd D=1001", (r(3, 1001), r(3, 1001, seed=1), r(1001, seed=2))),
+        C.Case("D=1", (r(5, 1), r(5, 1, seed=1), r(1, seed=2))),
+        C.Case("padded rows", (C.padded_rows(x), C.padded_rows(u), r(2, 1, 64, seed=2))),
+        C.Case("transposed update", (r(2, 16, 64), C.transposed(r(2, 16, 64, seed=1)), r(2, 1, 64, seed=2))),
+        C.Case("stride-0 gate", (x, u, C.expanded(r(2, 1, 64, seed=2), 1, 8))),
+        C.Case("last-dim stride 2", (C.strided_last(x), u, r(64, seed=2))),
+        C.Case("x is update", (x, x, r(2, 1, 64, seed=2))),
+        C.Case("NaN and Inf", (C.with_specials(x), u, r(2, 1, 64, seed=2))),
+    ]
+    if big:
+        xs = r(2, 4096)
+        out.append(C.Case("offset past 2**31", (C.big_offset(xs), r(2, 4096, seed=1), r(4096, seed=2))))
+    return out
+
 SPEC = OpSpec(
     name=NAME,
     bind=bind,
@@ -77,4 +108,5 @@ SPEC = OpSpec(
     positional_arity=3,
     tensor_args=(0, 1, 2),
     signature="gated_residual(x, update, gate)",
+    cases=cases,
 )

@@ -24,6 +24,7 @@ import torch
 from .. import _checks as chk
 from .._opspec import OpSpec, contiguous, register_reference_autograd, tensor_sig
 from .._precision import Precision, compare
+from . import _cases as C
 
 NAME = "neighborhood_attention"
 # The bar every impl is held to against the fp32 reference (bf16 inputs): issue 4.
@@ -270,6 +271,23 @@ def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: list[i
 
 register_reference_autograd(neighborhood_attention_op, reference, (0, 1, 2))
 
+# -- conformance cases ---------------------------------------------------------------------------
+def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
+    def qkv(*shape: int) -> tuple[torch.Tensor, ...]:
+        return tuple(C.randn(*shape, dtype=dtype, device=device, seed=s) for s in range(3))
+
+    return [
+        C.Case("1-D window 5", (*qkv(1, 32, 2, 16), (5,), (1,), (False,), None)),
+        C.Case("1-D causal", (*qkv(2, 24, 1, 32), (7,), (1,), (True,), None)),
+        C.Case("2-D (3,5) dilation (1,2)", (*qkv(1, 12, 12, 2, 16), (3, 5), (1, 2), (False, False), None)),
+        C.Case("2-D window = grid", (*qkv(1, 6, 6, 1, 16), (6, 6), (1, 1), (False, False), None)),
+        C.Case("3-D (3,3,3)", (*qkv(1, 5, 8, 8, 1, 16), (3, 3, 3), (1, 1, 1), (False, False, False), None)),
+        C.Case("3-D causal in time", (*qkv(1, 6, 6, 6, 2, 16), (3, 3, 3), (1, 1, 1), (True, False, False), None)),
+        C.Case("head_dim 64, scale 0.1", (*qkv(1, 16, 16, 2, 64), (5, 5), (1, 1), (False, False), 0.1)),
+        C.Case("head_dim 96", (*qkv(1, 8, 8, 1, 96), (3, 3), (1, 1), (False, False), None)),
+        C.Case("head_dim 128", (*qkv(1, 8, 8, 1, 128), (3, 3), (1, 1), (False, False), None)),
+    ]
+
 SPEC = OpSpec(
     name=NAME,
     bind=bind,
@@ -283,4 +301,5 @@ SPEC = OpSpec(
     signature="neighborhood_attention(q, k, v, kernel_size, dilation=1, is_causal=False, scale=None)",
     tolerant=True,
     verify=verify,
+    cases=cases,
 )

@@ -23,6 +23,7 @@ import torch
 
 from .. import _checks as chk
 from .._opspec import OpSpec, contiguous, register_reference_autograd
+from . import _cases as C
 from . import rmsnorm as _rmsnorm
 from . import rotary_embedding as _rotary
 
@@ -117,6 +118,32 @@ def _fake(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_wei
 
 register_reference_autograd(qk_norm_rope_op, reference, (0, 1, 2, 3, 4, 5))
 
+# -- conformance cases ---------------------------------------------------------------------------
+def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
+    def r(*shape: int, seed: int = 0, dt: torch.dtype = dtype) -> torch.Tensor:
+        return C.randn(*shape, dtype=dt, device=device, seed=seed)
+
+    f32 = torch.float32
+    q, k, w = r(1, 8, 64), r(1, 8, 64, seed=1), r(64, seed=2)
+    cos, sin = r(1, 8, 64, seed=3, dt=f32), r(1, 8, 64, seed=4, dt=f32)
+    cos2, sin2 = r(1, 8, 32, seed=3, dt=f32), r(1, 8, 32, seed=4, dt=f32)
+    out = []
+    for f in _rmsnorm.FLAVOURS:
+        out += [
+            C.Case(f"{f}/interleaved", (q, k, w, w, cos, sin, 1e-6, f, "interleaved")),
+            C.Case(f"{f}/no weights", (q, k, None, None, cos, sin, 1e-6, f, "interleaved")),
+            C.Case(f"{f}/split", (q, k, w, w, cos2, sin2, 1e-6, f, "split")),
+            C.Case(f"{f}/split [B,H,T,D/2] freqs", (q, k, w, w, r(1, 2, 8, 16, seed=3, dt=f32),
+                                                     r(1, 2, 8, 16, seed=4, dt=f32), 1e-6, f, "split")),
+            C.Case(f"{f}/empty", (r(1, 0, 64), r(1, 0, 64, seed=1), w, w, r(1, 0, 64, seed=3, dt=f32),
+                                  r(1, 0, 64, seed=4, dt=f32), 1e-6, f, "interleaved")),
+            C.Case(f"{f}/padded rows", (C.padded_rows(q), C.padded_rows(k), w, w, cos, sin, 1e-6, f, "interleaved")),
+            C.Case(f"{f}/freqs in q's dtype", (q, k, w, w, cos.to(dtype), sin.to(dtype), 1e-6, f, "interleaved")),
+            C.Case(f"{f}/q is k", (q, q, w, w, cos, sin, 1e-6, f, "interleaved")),
+            C.Case(f"{f}/NaN and Inf", (C.with_specials(q), k, w, w, cos, sin, 1e-6, f, "interleaved")),
+        ]
+    return out
+
 SPEC = OpSpec(
     name=NAME,
     bind=bind,
@@ -129,4 +156,5 @@ SPEC = OpSpec(
     positional_arity=9,
     tensor_args=(0, 1, 2, 3, 4, 5),
     signature='qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", layout="interleaved")',
+    cases=cases,
 )

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .. import _checks as chk
 from .._opspec import OpSpec, contiguous, register_reference_autograd
+from . import _cases as C
 
 NAME = "rmsnorm"
 FLAVOURS = ("torch", "diffusers")
@@ -90,6 +91,34 @@ def _fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str
 
 register_reference_autograd(rmsnorm_op, reference, (0, 1))
 
+# -- conformance cases ---------------------------------------------------------------------------
+def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
+    def r(*shape: int, seed: int = 0) -> torch.Tensor:
+        return C.randn(*shape, dtype=dtype, device=device, seed=seed)
+
+    out = []
+    for f in FLAVOURS:
+        w = r(64, seed=1)
+        out += [
+            C.Case(f"{f}/[2,64]", (r(2, 64), w, 1e-6, f)),
+            C.Case(f"{f}/no weight", (r(3, 64), None, 1e-6, f)),
+            C.Case(f"{f}/empty [0,64]", (r(0, 64), w, 1e-6, f)),
+            C.Case(f"{f}/one row", (r(1, 64), w, 1e-6, f)),
+            C.Case(f"{f}/D=1", (r(4, 1), r(1, seed=1), 1e-6, f)),
+            C.Case(f"{f}/odd D=1000", (r(3, 1000), r(1000, seed=1), 1e-5, f)),
+            C.Case(f"{f}/large D=8192", (r(2, 8192), r(8192, seed=1), 1e-6, f)),
+            C.Case(f"{f}/[2,5,64] 3-D", (r(2, 5, 64), w, 1e-6, f)),
+            C.Case(f"{f}/padded rows", (C.padded_rows(r(4, 64)), w, 1e-6, f)),
+            C.Case(f"{f}/last-dim stride 2", (C.strided_last(r(4, 64)), w, 1e-6, f)),
+            C.Case(f"{f}/transposed", (C.transposed(r(16, 64)), w, 1e-6, f)),
+            C.Case(f"{f}/stride-0 rows", (C.expanded(r(1, 64), 0, 4), w, 1e-6, f)),
+            C.Case(f"{f}/NaN and Inf", (C.with_specials(r(4, 64)), w, 1e-6, f)),
+            C.Case(f"{f}/eps=0", (r(4, 64), w, 0.0, f)),
+        ]
+        if big:
+            out.append(C.Case(f"{f}/offset past 2**31", (C.big_offset(r(2, 4096)), r(4096, seed=1), 1e-6, f)))
+    return out
+
 SPEC = OpSpec(
     name=NAME,
     bind=bind,
@@ -102,4 +131,5 @@ SPEC = OpSpec(
     positional_arity=4,
     tensor_args=(0, 1),
     signature='rmsnorm(x, weight=None, eps=1e-6, flavour="torch")',
+    cases=cases,
 )

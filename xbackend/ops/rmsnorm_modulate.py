@@ -13,6 +13,7 @@ import torch
 
 from .. import _checks as chk
 from .._opspec import OpSpec, contiguous, register_reference_autograd
+from . import _cases as C
 from . import rmsnorm as _rmsnorm
 
 NAME = "rmsnorm_modulate"
@@ -79,6 +80,35 @@ def _fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: tor
 
 register_reference_autograd(rmsnorm_modulate_op, reference, (0, 1, 2, 3))
 
+# -- conformance cases ---------------------------------------------------------------------------
+def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
+    def r(*shape: int, seed: int = 0) -> torch.Tensor:
+        return C.randn(*shape, dtype=dtype, device=device, seed=seed)
+
+    out = []
+    x = r(2, 8, 64)
+    for f in _rmsnorm.FLAVOURS:
+        w = r(64, seed=3)
+        out += [
+            C.Case(f"{f}/mod [B,1,D]", (x, r(2, 1, 64, seed=1), r(2, 1, 64, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/mod [1,1,D] + weight", (x, r(1, 1, 64, seed=1), r(1, 1, 64, seed=2), w, 1e-6, f)),
+            C.Case(f"{f}/mod [D]", (x, r(64, seed=1), r(64, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/mod full", (x, r(2, 8, 64, seed=1), r(2, 8, 64, seed=2), w, 1e-6, f)),
+            C.Case(f"{f}/per-token mod [B,L,1]", (x, r(2, 8, 1, seed=1), r(2, 8, 1, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/mixed scale [B,1,D] shift [D]", (x, r(2, 1, 64, seed=1), r(64, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/empty", (r(0, 8, 64), r(1, 1, 64, seed=1), r(1, 1, 64, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/odd D=1000", (r(2, 3, 1000), r(2, 1, 1000, seed=1), r(2, 1, 1000, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/padded rows", (C.padded_rows(x), r(2, 1, 64, seed=1), r(2, 1, 64, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/stride-0 scale", (x, C.expanded(r(2, 1, 64, seed=1), 1, 8), r(2, 1, 64, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/5-D channels-last rows", (r(1, 2, 3, 4, 128), r(1, 1, 1, 1, 128, seed=1),
+                                                     r(1, 1, 1, 1, 128, seed=2), None, 1e-6, f)),
+            C.Case(f"{f}/NaN and Inf", (C.with_specials(x), r(2, 1, 64, seed=1), r(2, 1, 64, seed=2), None, 1e-6, f)),
+        ]
+    if big:
+        xs = r(2, 4096)
+        out.append(C.Case("torch/offset past 2**31", (C.big_offset(xs), r(4096, seed=1), r(4096, seed=2), None, 1e-6, "torch")))
+    return out
+
 SPEC = OpSpec(
     name=NAME,
     bind=bind,
@@ -91,4 +121,5 @@ SPEC = OpSpec(
     positional_arity=6,
     tensor_args=(0, 1, 2, 3),
     signature='rmsnorm_modulate(x, scale, shift, weight=None, eps=1e-6, flavour="torch")',
+    cases=cases,
 )

@@ -21,6 +21,7 @@ import torch
 
 from .. import _checks as chk
 from .._opspec import OpSpec, contiguous, register_reference_autograd
+from . import _cases as C
 
 NAME = "rotary_embedding"
 LAYOUTS = ("interleaved", "split")
@@ -120,6 +121,34 @@ def _fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) ->
 
 register_reference_autograd(rotary_embedding_op, reference, (0, 1, 2))
 
+# -- conformance cases ---------------------------------------------------------------------------
+def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
+    def r(*shape: int, seed: int = 0, dt: torch.dtype = dtype) -> torch.Tensor:
+        return C.randn(*shape, dtype=dt, device=device, seed=seed)
+
+    f32 = torch.float32
+    x = r(1, 8, 64)
+    out = [
+        C.Case("interleaved fp32 freqs", (x, r(1, 8, 64, seed=1, dt=f32), r(1, 8, 64, seed=2, dt=f32), "interleaved")),
+        C.Case("interleaved freqs in x's dtype", (x, r(1, 8, 64, seed=1), r(1, 8, 64, seed=2), "interleaved")),
+        C.Case("interleaved broadcast [L,D] freqs", (r(2, 8, 64), r(8, 64, seed=1, dt=f32), r(8, 64, seed=2, dt=f32), "interleaved")),
+        C.Case("interleaved empty", (r(1, 0, 64), r(1, 0, 64, seed=1, dt=f32), r(1, 0, 64, seed=2, dt=f32), "interleaved")),
+        C.Case("interleaved padded rows", (C.padded_rows(x), r(1, 8, 64, seed=1, dt=f32), r(1, 8, 64, seed=2, dt=f32), "interleaved")),
+        C.Case("interleaved stride-0 freqs", (r(2, 8, 64), C.expanded(r(1, 8, 64, seed=1, dt=f32), 0, 2),
+                                              C.expanded(r(1, 8, 64, seed=2, dt=f32), 0, 2), "interleaved")),
+        C.Case("interleaved D=2", (r(3, 2), r(3, 2, seed=1, dt=f32), r(3, 2, seed=2, dt=f32), "interleaved")),
+        C.Case("interleaved NaN and Inf", (C.with_specials(x), r(1, 8, 64, seed=1, dt=f32), r(1, 8, 64, seed=2, dt=f32), "interleaved")),
+        C.Case("split [B,L,D/2] freqs", (x, r(1, 8, 32, seed=1, dt=f32), r(1, 8, 32, seed=2, dt=f32), "split")),
+        C.Case("split [B,H,T,D/2] freqs", (r(1, 8, 64), r(1, 2, 8, 16, seed=1, dt=f32), r(1, 2, 8, 16, seed=2, dt=f32), "split")),
+        C.Case("split padded rows", (C.padded_rows(x), r(1, 8, 32, seed=1, dt=f32), r(1, 8, 32, seed=2, dt=f32), "split")),
+        C.Case("split odd half D=6", (r(2, 6), r(2, 3, seed=1, dt=f32), r(2, 3, seed=2, dt=f32), "split")),
+    ]
+    if big:
+        xs = r(2, 4096)
+        out.append(C.Case("interleaved offset past 2**31", (C.big_offset(xs), r(2, 4096, seed=1, dt=f32),
+                                                          r(2, 4096, seed=2, dt=f32), "interleaved")))
+    return out
+
 SPEC = OpSpec(
     name=NAME,
     bind=bind,
@@ -132,4 +161,5 @@ SPEC = OpSpec(
     positional_arity=4,
     tensor_args=(0, 1, 2),
     signature='rotary_embedding(x, cos, sin, layout="interleaved")',
+    cases=cases,
 )

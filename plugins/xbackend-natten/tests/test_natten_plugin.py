@@ -122,3 +122,8 @@ def test_registers_through_the_hook_and_plans_per_arch() -> None:
         if impl.available() is not None:
             assert here["natten_blackwell"].startswith("unavailable: natten not importable")
         assert xbackend.plan("neighborhood_attention", "gfx950").chosen.impl == "reference"
+
+
+from xbackend.testing import conformance  # noqa: E402
+
+test_conformance = conformance.suite("natten")
