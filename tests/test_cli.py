@@ -14,6 +14,8 @@ def test_info_on_cpu(capsys) -> None:
     out = capsys.readouterr().out
     assert "Devices:" in out and "Plugins:" in out
     assert "cuda " in out and "rocm " in out
+    assert "cuda       all 12 impls: torch 2.11 / Triton 3.6" in out
+    assert "rocm       all 12 impls: never run on hardware" in out
     assert "rmsnorm_modulate on cpu" in out and "chosen" in out
     assert "\nDispatch: C++ keys (" in out or "\nDispatch: Python keys (" in out
 
@@ -22,8 +24,24 @@ def test_plan_json_for_a_simulated_fleet(capsys) -> None:
     for target in ("sm90", "sm100", "gfx950", "mi300x"):
         assert main(["plan", "--device", target, "--op", "rmsnorm", "--json"]) == 0
         data = json.loads(capsys.readouterr().out)
-        assert data[0]["op"] == "rmsnorm" and data[0]["device"]["simulated"] is True
-        assert data[0]["candidates"][-1]["impl"] == "reference"
+        assert data["schema_version"] == 1 and {p["name"] for p in data["plugins"]} >= {"cuda", "rocm"}
+        [t] = data["targets"]
+        assert t["target"] == target and t["device"]["simulated"] is True and t["planned_as"] == "deployed"
+        [p] = t["plans"]
+        assert (p["op"], p["dtype"], p["quality"]) == ("rmsnorm", "bfloat16", "lossless")
+        assert p["candidates"][-1]["impl"] == "xbackend:reference"
+        assert p["candidates"][-1]["verdict"] == "lower_priority"
+
+
+def test_plan_for_a_simulated_target_plans_as_deployed(capsys) -> None:
+    """A CPU runner's missing CUDA build does not decide what an H200 runs; the assumption is shown."""
+    assert main(["plan", "--device", "h200", "--op", "gated_residual"]) == 0
+    out = capsys.readouterr().out
+    assert "-> cuda:cuda_vec" in out
+    if "assumed available" in out:
+        assert "chosen (assumed available on sm90; here: " in out
+    assert main(["plan", "--device", "h200", "--op", "gated_residual", "--assume-available"]) == 0
+    assert "-> cuda:cuda_vec" in capsys.readouterr().out
 
 
 def test_unknown_target_is_a_clear_error(capsys) -> None:

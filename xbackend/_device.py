@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SIMULATED_TARGETS", "TARGET_ALIASES", "Device", "DeviceSpec", "probe", "simulated"]
+__all__ = ["BUILTIN_FLEET", "SIMULATED_TARGETS", "TARGET_ALIASES", "Device", "DeviceSpec", "probe", "probed_target", "simulated"]
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,8 @@ SIMULATED_TARGETS: dict[str, Device] = {
         Device("cuda", "sm100", "NVIDIA B200", simulated=True),
         Device("cuda", "sm103", "NVIDIA B300", simulated=True),
         Device("cuda", "sm120", "NVIDIA RTX PRO 6000 Blackwell", simulated=True),
-        Device("rocm", "gfx942", "AMD Instinct MI300X", simulated=True),
-        Device("rocm", "gfx950", "AMD Instinct MI350X", simulated=True),
+        Device("rocm", "gfx942", "AMD Instinct MI300X/MI325X", simulated=True),
+        Device("rocm", "gfx950", "AMD Instinct MI350X/MI355X", simulated=True),
         Device("cpu", "cpu", "CPU", simulated=True),
     )
 }
@@ -113,12 +113,19 @@ TARGET_ALIASES = {
     "h100": "sm90",
     "h200": "sm90",
     "b200": "sm100",
+    "gb200": "sm100",
     "b300": "sm103",
+    "gb300": "sm103",
+    "rtxpro6000": "sm120",
     "mi300x": "gfx942",
     "mi325x": "gfx942",
     "mi350x": "gfx950",
     "mi355x": "gfx950",
 }
+
+
+# The GPU types `xbackend fleet` plans when given none, and whose goldens the repository checks in.
+BUILTIN_FLEET = ("h100", "h200", "b200", "b300", "mi300x", "mi355x")
 
 
 def simulated(target: str, extra: dict[str, Device] | None = None) -> Device:
@@ -130,6 +137,17 @@ def simulated(target: str, extra: dict[str, Device] | None = None) -> Device:
         return table[name]
     known = ", ".join(sorted(table) + sorted(TARGET_ALIASES))
     raise ValueError(f"unknown device target {target!r}: expected one of {known}")
+
+
+def probed_target(device: Device, preferred: tuple[str, ...] = ()) -> str:
+    """The planning target a real device stands for: the alias its marketing name contains ("NVIDIA
+    H200" -> "h200", "AMD Instinct MI300X" -> "mi300x"; the longest match, and only an alias of the
+    device's own arch), else its arch. Among equally long matches an alias in ``preferred`` wins."""
+    name = re.sub(r"[^a-z0-9]", "", device.name.lower())
+    matches = [a for a, arch in TARGET_ALIASES.items() if arch == device.arch and a in name]
+    if not matches:
+        return device.arch
+    return max(matches, key=lambda a: (len(a), a in preferred, a))
 
 
 @functools.cache

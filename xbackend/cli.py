@@ -1,16 +1,16 @@
-"""``xbackend info | plan | build | bench`` — what this machine (or a simulated one) will run, and how fast."""
+"""``xbackend info | plan | fleet | build | bench`` — what this machine (or a simulated one, or a whole
+fleet) will run, and how fast."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 
 import torch
 
 from ._api import kernel_ops, plan
-from ._device import SIMULATED_TARGETS, TARGET_ALIASES
+from ._device import SIMULATED_TARGETS, TARGET_ALIASES, probed_target
 from ._runtime import runtime
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -42,23 +42,72 @@ def cmd_info(args: argparse.Namespace) -> int:
     from . import _fastkey
 
     print(f"\nDispatch: {_fastkey.decide()}")
+    print("\nVerified on hardware (torch / Triton the precision contract was checked on):")
+    for line in _verified_lines(rt):
+        print(f"  {line}")
+    from .fleet.skew import host_lane, unverified
+
+    lane = host_lane()
     for d in _devices():
         print(f"\nPlan on {d} (representative bf16 inputs):")
-        for op in kernel_ops():
-            print(_indent(str(plan(op, d, dtype=_DTYPES[args.dtype]))))
+        plans = [plan(op, d, dtype=_DTYPES[args.dtype]) for op in kernel_ops()]
+        for p in plans:
+            print(_indent(str(p)))
+        impls = {i.qualname: i for op in kernel_ops() for i in rt.candidates(op)}
+        for flag in unverified(plans, (lane,), impls):
+            print(f"  {flag.message}: {', '.join(flag.impls)}")
     print("\nvae_tile_decode: host-level op (tiles over torch.distributed ranks when a process group is up)")
     return 0
 
 
+def _verified_lines(rt) -> list[str]:
+    """One line per backend whose impls share their verified_on, else one per impl."""
+    by_backend: dict[str, dict[str, tuple]] = {}
+    for op in kernel_ops():
+        for impl in rt.candidates(op):
+            if impl.backend != "xbackend":
+                by_backend.setdefault(impl.backend, {})[f"{op}:{impl.name}"] = impl.verified_on
+
+    def said(pairs: tuple) -> str:
+        return ", ".join(f"torch {t} / Triton {tr}" for t, tr in pairs) or "never run on hardware"
+
+    lines = []
+    for backend in sorted(by_backend):
+        impls = by_backend[backend]
+        if len(set(impls.values())) == 1:
+            lines.append(f"{backend:<10} all {len(impls)} impls: {said(next(iter(impls.values())))}")
+        else:
+            lines += [f"{backend:<10} {name}: {said(pairs)}" for name, pairs in impls.items()]
+    return lines
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    ops = args.op or kernel_ops()
-    plans = [plan(op, args.device, dtype=_DTYPES[args.dtype], quality=args.quality, assume_available=args.assume_available)
-             for op in ops]
+    """A simulated target is planned as deployed (its packages assumed installed there, each
+    assumption shown); a real device with its real availability unless --assume-available."""
+    from ._policy import current_policy
+    from .fleet.cli import plan_json
+    from .fleet.spec import Matrix
+    from .fleet.strict import STRICT_EXIT, fn_problems, load_problems, strict_requested
+
+    rt = runtime()
+    ops = tuple(args.op or kernel_ops())
+    dev = rt.device(args.device)
+    deployed = dev.simulated or args.assume_available
+    strict = strict_requested(args.strict)
+    problems = load_problems(rt) + (fn_problems(rt, ops) if strict else [])
     if args.json:
-        print(json.dumps([p.to_dict() for p in plans], indent=2))
+        dtype = str(_DTYPES[args.dtype]).removeprefix("torch.")
+        matrix = Matrix(ops, (dtype,), (args.quality or current_policy()[0],))
+        target = args.device.strip().lower() if dev.simulated else probed_target(dev)
+        where = "" if dev.simulated else str(torch.device(args.device))
+        print(plan_json(rt, target, dev, matrix, deployed=deployed, where=where, problems=problems), end="")
     else:
+        plans = [plan(op, dev, dtype=_DTYPES[args.dtype], quality=args.quality, assume_available=deployed)
+                 for op in ops]
         print("\n".join(str(p) for p in plans))
-    return 0
+    for problem in problems:
+        print(f"xbackend plan: {'error' if strict else 'warning'}: {problem}", file=sys.stderr)
+    return STRICT_EXIT if strict and problems else 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -96,9 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", action="append", choices=kernel_ops(), help="repeat for several; default all")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     p.add_argument("--quality", choices=["lossless", "high", "fast"], default=None)
-    p.add_argument("--assume-available", action="store_true", help="plan as if every impl's packages were installed")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--assume-available", action="store_true",
+                   help="plan as if every impl's packages were installed (a simulated target always is)")
+    p.add_argument("--json", action="store_true", help="the fleet JSON document for this one device")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 on a broken plugin, an unknown XBACKEND_PLUGINS/XBACKEND_BLOCK name or an impl "
+                        "whose fn does not import (also XBACKEND_STRICT=1)")
     p.set_defaults(func=cmd_plan)
+    from .fleet.cli import add_parser as add_fleet
+
+    add_fleet(sub)
     build = sub.add_parser("build", help="build the C++ dispatch key extension now (a GPU host builds it on first use)")
     build.set_defaults(func=cmd_build)
     b = sub.add_parser("bench", help="benchmark ops against eager, torch.compile and copy_ (GPU)")

@@ -1,0 +1,72 @@
+"""Version skew: which chosen impls a lane (a torch / Triton pair the fleet runs) has no hardware
+verification for. Each impl's ``verified_on`` lists the (torch, Triton) version prefixes its
+precision contract was checked on with real hardware; elsewhere the guard still checks each first
+use against the reference and falls back when the result differs."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._registry import Impl
+from .spec import Lane
+
+__all__ = ["Unverified", "host_lane", "matches", "unverified", "verified"]
+
+# Distributions that provide the `triton` module, by torch build: upstream, ROCm wheels, nightlies.
+_TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-rocm")
+
+
+@dataclass(frozen=True)
+class Unverified:
+    lane: Lane
+    impls: tuple[str, ...]  # "backend:impl", sorted
+
+    @property
+    def message(self) -> str:
+        return (f"exactness unverified on torch {self.lane.torch} / Triton {self.lane.triton}: "
+                "the guard falls back if it differs")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lane": self.lane.name, "torch": self.lane.torch, "triton": self.lane.triton,
+                "impls": list(self.impls), "message": self.message}
+
+
+def matches(version: str, prefix: str) -> bool:
+    """``"2.11.0+cu130"`` matches ``"2.11"`` and ``"2.11.0"``, never ``"2.1"`` (prefixes end at a
+    component boundary)."""
+    return version == prefix or version.startswith((prefix + ".", prefix + "+"))
+
+
+def verified(impl: Impl, lane: Lane) -> bool:
+    return any(matches(lane.torch, t) and matches(lane.triton, tr) for t, tr in impl.verified_on)
+
+
+def unverified(plans: Iterable[Any], lanes: Iterable[Lane], impls: Mapping[str, Impl]) -> tuple[Unverified, ...]:
+    """Per lane, the impls chosen in ``plans`` that were never verified on that lane's versions (the
+    reference is the definition of right, so it is never listed)."""
+    chosen = sorted({p.chosen.qualname for p in plans if p.chosen.backend != "xbackend"})
+    out = []
+    for lane in lanes:
+        missing = tuple(q for q in chosen if q in impls and not verified(impls[q], lane))
+        if missing:
+            out.append(Unverified(lane, missing))
+    return tuple(out)
+
+
+def _triton_version() -> str:
+    for dist in _TRITON_DISTS:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def host_lane() -> Lane:
+    """This process's torch and Triton, as the lane a real local device runs."""
+    return Lane("host", torch.__version__, _triton_version())
