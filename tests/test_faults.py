@@ -386,3 +386,9 @@ def test_fallback_is_a_warning_of_its_own_category() -> None:
         warnings.simplefilter("error", xbackend.FallbackWarning)
         with pytest.raises(xbackend.FallbackWarning, match="wrong:wrong failed verification"):
             gated_residual(*inputs())
+
+
+def test_an_unhashable_argument_gets_the_ops_error() -> None:
+    with fresh_runtime():
+        with pytest.raises(TypeError, match="rmsnorm: argument 'eps' expected a float, got list"):
+            rmsnorm(torch.randn(2, 4), None, [1e-6])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pluggy
 
-from ._api import Op, Plan, Report, get_op, list_ops, plan, report
+from ._api import Op, Plan, Report, get_op, list_ops, plan, plugins, problems, report
 from ._device import Device
 from ._guard import FallbackWarning
 from ._policy import quality, use, verify
@@ -37,6 +37,8 @@ __all__ = [
     "list_ops",
     "patch",
     "plan",
+    "plugins",
+    "problems",
     "quality",
     "report",
     "runtime",

@@ -17,7 +17,7 @@ from ._precision import Output
 from ._runtime import runtime
 from .ops import OPS
 
-__all__ = ["Op", "Plan", "PlanRow", "Report", "get_op", "list_ops", "plan", "report"]
+__all__ = ["Op", "Plan", "PlanRow", "Report", "get_op", "list_ops", "plan", "plugins", "problems", "report"]
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -310,6 +310,21 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+
+def plugins() -> list[Any]:
+    """Every plugin the runtime saw, in load order: name, source (entry point and distribution, or
+    "explicit"), ``error`` (None when loaded; why it was refused, failed to import or to register) and
+    the impls it registered (``op:name``)."""
+    return list(runtime().plugins.values())
+
+
+def problems() -> list[str]:
+    """Load-time problems, one line each: plugins refused or failed, unknown names in
+    ``XBACKEND_PLUGINS`` / ``XBACKEND_BLOCK``, environment values that are not understood."""
+    rt = runtime()
+    return list(rt.problems) + [f"plugin {s.name!r}: {s.error}" for s in rt.plugins.values()
+                                if s.error and not any(s.name in p for p in rt.problems)]
 
 
 def report() -> Report:

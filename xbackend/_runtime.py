@@ -326,10 +326,11 @@ class Runtime:
         try:
             # Starts with the op's name, so one cache serves every op. The same function as Op._key.
             key = _fastkey.KEYS.get(spec.name, spec.key)(*args)
+            entry = cache.get(key)
         except Exception:
-            spec.check(*args)  # a non-tensor where a tensor belongs: raise the op's clear error
+            # A non-tensor where a tensor belongs, an unhashable argument: raise the op's clear error.
+            spec.check(*args)
             raise
-        entry = cache.get(key)
         if entry is None:
             entry = self._new_entry(spec, args, policy, cache, key)
         fn = entry.fn
