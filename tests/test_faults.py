@@ -392,3 +392,11 @@ def test_an_unhashable_argument_gets_the_ops_error() -> None:
     with fresh_runtime():
         with pytest.raises(TypeError, match="rmsnorm: argument 'eps' expected a float, got list"):
             rmsnorm(torch.randn(2, 4), None, [1e-6])
+
+
+def test_help_shows_the_ops_own_doc_and_signature() -> None:
+    import inspect
+
+    op = xbackend.get_op("rotary_embedding")
+    assert str(inspect.signature(op)) == "(x: 'torch.Tensor', cos: 'torch.Tensor', sin: 'torch.Tensor', layout: 'str' = 'interleaved')"
+    assert type(op).__doc__.startswith("rotary_embedding(x, cos, sin")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +121,17 @@ def _host_ops() -> dict[str, HostOp]:
     return {vae_tile_decode.NAME: HostOp(vae_tile_decode.NAME, vae_tile_decode.reference, vae_tile_decode.SIGNATURE)}
 
 
-_OPS: dict[str, Op | HostOp] = {name: Op(spec) for name, spec in OPS.items()} | _host_ops()
+def _documented(spec: OpSpec) -> Op:
+    """An :class:`Op` whose class carries the op's own docstring and signature, so ``help(get_op(name))``
+    and ``inspect.signature`` show the op rather than the generic class."""
+    doc = sys.modules[spec.reference.__module__].__doc__ or spec.signature
+    cls = type(f"Op[{spec.name}]", (Op,), {"__slots__": (), "__doc__": doc, "__module__": Op.__module__,
+                                           "__signature__": inspect.signature(spec.bind).replace(
+                                               return_annotation=inspect.Signature.empty)})
+    return cls(spec)
+
+
+_OPS: dict[str, Op | HostOp] = {name: _documented(spec) for name, spec in OPS.items()} | _host_ops()
 
 
 def _use_keys(keys: dict[str, Any]) -> None:
