@@ -52,7 +52,12 @@ def write(directory: str | Path, results: Iterable[TargetResult], matrix: Matrix
 
 
 def targets_in(directory: str | Path) -> list[str]:
-    return sorted(p.stem for p in Path(directory).glob("*.json"))
+    """The targets with a golden in ``directory``: the builtin fleet's in its order, then the rest by name."""
+    from .._device import BUILTIN_FLEET
+
+    names = [p.stem for p in Path(directory).glob("*.json")]
+    order = {name: i for i, name in enumerate(BUILTIN_FLEET)}
+    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
 @dataclass(frozen=True)

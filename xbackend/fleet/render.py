@@ -29,7 +29,7 @@ def _columns(results: Sequence[TargetResult]) -> list[tuple[str, list[str]]]:
     groups: dict[tuple[str, ...], list[str]] = {}
     for r in results:
         cells = tuple(_cell(p) for p in r.plans)
-        label = r.target if not r.where else f"{r.target} ({r.where})"
+        label = r.target if r.where in ("", r.target) else f"{r.target} ({r.where})"
         groups.setdefault(cells, []).append(label)
     return [(" ".join(names), list(cells)) for cells, names in groups.items()]
 
