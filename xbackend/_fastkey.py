@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._cache import cache_root
+from ._cache import BuildLockTimeout, cache_root, find_safe_dir, load_extension, safe_dir
 from .ops import OPS
 
 __all__ = ["KEYS", "RULES", "KeyForm", "active", "build", "decide", "subscribe"]
@@ -133,8 +133,8 @@ def _choose() -> tuple[KeyForm, ModuleType | None]:
     rule = RULES[mode]
     if not rule.load_prebuilt and not rule.build:
         return KeyForm("python", rule.why), None
-    path = library_path()
-    if path.exists():
+    path = _prebuilt(create=rule.build)
+    if path is not None:
         try:
             return KeyForm("c++", f"prebuilt {path.name}; {rule.why}", str(path)), _import(path)
         except Exception as e:
@@ -144,9 +144,12 @@ def _choose() -> tuple[KeyForm, ModuleType | None]:
         return KeyForm("python", f"no prebuilt extension; {rule.why}"), None
     try:
         module, seconds = build()
+    except BuildLockTimeout as e:  # another process's build outlasted the wait: its message names the fix
+        return _failed(str(e), rule)
     except Exception as e:
         return _failed(_first_line(e), rule)
-    return KeyForm("c++", f"built in {seconds:.1f} s; {rule.why}", str(library_path())), module
+    where = getattr(module, "__file__", None) or str(library_path())
+    return KeyForm("c++", f"built in {seconds:.1f} s; {rule.why}", where), module
 
 
 def _failed(problem: str, rule: Rule) -> tuple[KeyForm, None]:
@@ -193,8 +196,17 @@ def _build_dir() -> Path:
 
 
 def library_path() -> Path:
-    """Where the built extension is (or would be) for this torch, Python and source."""
+    """Where the built extension is (or would be) for this torch, Python and source, in the cache as
+    configured; when that tree is not safe to load from, xbackend uses a private one instead (``_cache``)."""
     return _build_dir() / f"{_name()}{'.pyd' if sys.platform == 'win32' else '.so'}"
+
+
+def _prebuilt(create: bool) -> Path | None:
+    """The built extension where it may be loaded from (library_path() or its private fallback), if it
+    is there. ``create`` makes the fallback when one is needed (this process is about to build anyway)."""
+    where = safe_dir(_build_dir()) if create else find_safe_dir(_build_dir())
+    path = None if where is None else where / library_path().name
+    return path if path is not None and path.exists() else None
 
 
 def _import(path: Path) -> ModuleType:
@@ -220,18 +232,15 @@ def build_problem() -> str | None:
 
 
 def build() -> tuple[ModuleType, float]:
-    """Build (or reuse) the extension and import it: (module, seconds). Raises on failure."""
+    """Build (or reuse) the extension and import it: (module, seconds). Raises on failure, and
+    BuildLockTimeout when another process's build of it outlasts ``$XBACKEND_BUILD_LOCK_TIMEOUT``."""
     problem = build_problem()
     if problem is not None:
         raise RuntimeError(problem)
-    from torch.utils.cpp_extension import load
-
-    build_dir = _build_dir()
-    build_dir.mkdir(parents=True, exist_ok=True)
+    build_dir = safe_dir(_build_dir())
     t0 = time.perf_counter()
     log.info("xbackend: building the C++ dispatch key extension in %s", build_dir)
-    module = load(name=_name(), sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS),
-                  build_directory=str(build_dir), verbose=False)
+    module = load_extension(build_dir, name=_name(), sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS), verbose=False)
     return module, time.perf_counter() - t0
 
 

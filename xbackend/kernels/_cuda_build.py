@@ -1,13 +1,17 @@
 """CUDA C++ kernels built on first use with ``torch.utils.cpp_extension.load``.
 
 Each extension is compiled for the architectures of the visible GPUs and cached under
-``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by torch and CUDA versions. A build
-that fails is not retried in the process: its first compiler error becomes the reason the impl is
-unavailable (the resolver then takes the next candidate), the whole log stays in ``build_log()``.
+``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by torch and CUDA versions, only in a
+directory tree no other user can write, under a build lock whose wait is bounded (``xbackend._cache``
+has both rules). A build that fails is not retried in the process: its first compiler error becomes
+the reason the impl is unavailable (the resolver then takes the next candidate), the whole log stays
+in ``build_log()``. Waiting out another process's build that holds the lock too long is such a
+failure too, with one warning that names the lock file.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import threading
@@ -16,8 +20,9 @@ from types import ModuleType
 
 import torch
 
-from xbackend._cache import cache_root
+from xbackend._cache import BuildLockTimeout, cache_root, load_extension, safe_dir
 
+log = logging.getLogger("xbackend")
 _CSRC = Path(__file__).parent
 
 
@@ -82,21 +87,18 @@ class JitExtension:
         self._lock = threading.Lock()
 
     def _build(self) -> ModuleType:
-        from torch.utils.cpp_extension import load
-
         archs = _device_archs()
         name = f"{self.name}_sm" + "_".join(archs)
         tag = f"torch{torch.__version__}_cu{torch.version.cuda}".replace("+", "_").replace(".", "_")
-        build_dir = cache_root() / "torch_extensions" / tag / name
-        build_dir.mkdir(parents=True, exist_ok=True)
-        return load(
+        build_dir = safe_dir(cache_root() / "torch_extensions" / tag / name)
+        return load_extension(
+            build_dir,
             name=name,
             sources=[str(self.source_dir / src) for src in self.sources],
             extra_include_paths=[str(self.source_dir)],
             extra_cflags=["-O3"],
             # --fmad=false backs up the explicit __f*_rn: no mul+add may become an FMA.
             extra_cuda_cflags=["-O3", "--fmad=false", *_arch_flags(archs)],
-            build_directory=str(build_dir),
             verbose=False,
         )
 
@@ -111,6 +113,9 @@ class JitExtension:
                     if self.failure is None:
                         self.module = self._build()
                         return self.module
+                except BuildLockTimeout as exc:  # another process's build: its message names the lock and the fix
+                    self.failure = str(exc)
+                    log.warning("xbackend: %s unavailable: %s", self.label, self.failure)
                 except Exception as exc:  # any build failure becomes the reason
                     self.failure = first_error_line(exc)
                     self.failure_detail = str(exc)
