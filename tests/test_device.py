@@ -63,6 +63,8 @@ def test_mixed_gpus_in_one_host_each_get_their_own_probe(monkeypatch: pytest.Mon
     """An H200 on cuda:0 and a B200 on cuda:1: each index is probed and cached separately."""
     props = {0: SimpleNamespace(major=9, minor=0, name="NVIDIA H200"), 1: SimpleNamespace(major=10, minor=0, name="NVIDIA B200")}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.version, "hip", None)
     probe.cache_clear()
     with fresh_runtime() as rt:
