@@ -1,0 +1,226 @@
+"""xbackend.fleet.compile: every planned kernel compiled for a GPU this host does not have, with its
+resources; waivers; Triton's FP-fusion default not reaching the exact kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from xbackend._device import simulated
+from xbackend.fleet import _resources, _worker
+from xbackend.fleet import compile as fc
+from xbackend.fleet._worker import CompileResult
+
+KERNEL_OPS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "qk_norm_rope")
+
+
+def _plan(op: str, chosen: str, quality: str = "lossless", dtype: str = "bfloat16") -> dict[str, str]:
+    return {"op": op, "dtype": dtype, "quality": quality, "chosen": chosen}
+
+
+CUDA_PLANS = [
+    _plan("rmsnorm", "cuda:triton"),
+    _plan("rmsnorm", "cuda:triton", quality="high"),  # same impl: compiled once
+    _plan("rmsnorm_modulate", "cuda:triton"),
+    _plan("gated_residual", "cuda:triton"),
+    _plan("gated_residual", "cuda:cuda_vec"),
+    _plan("rotary_embedding", "cuda:triton"),
+    _plan("qk_norm_rope", "cuda:triton"),
+    _plan("neighborhood_attention", "cuda:na_triton"),
+]
+AMD_PLANS = [
+    *(_plan(op, "rocm:triton") for op in KERNEL_OPS),
+    _plan("rmsnorm", "rocm:aiter", quality="high"),
+    _plan("neighborhood_attention", "rocm:na_flex"),
+]
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, list[dict]]:
+    """The first catalogue input of every op, compiled for H200 (sm90) and MI355X (gfx950), once."""
+    return {
+        "h200": fc.compile_target("h200", simulated("h200"), CUDA_PLANS, shapes=1),
+        "mi355x": fc.compile_target("mi355x", simulated("mi355x"), AMD_PLANS, shapes=1),
+    }
+
+
+def _ok(rows: list[dict], op: str, chosen: str) -> list[dict]:
+    return [r for r in rows if r["op"] == op and r["chosen"] == chosen and r["status"] == "ok"]
+
+
+@pytest.mark.parametrize("target,prefix", [("h200", "cuda"), ("mi355x", "rocm")])
+@pytest.mark.parametrize("op", KERNEL_OPS)
+def test_every_op_compiles_with_resources(rows, target, prefix, op):
+    found = _ok(rows[target], op, f"{prefix}:triton")
+    assert found, [r for r in rows[target] if r["op"] == op]
+    for r in found:
+        assert r["registers"] > 0 and isinstance(r["shared_bytes"], int) and r["shared_bytes"] >= 0
+        assert r["occupancy"] and r["occupancy_limiter"] and r["num_warps"] > 0 and r["grid"]
+        assert r["problem"] == "" and r["arch"] == simulated(target).arch
+        if prefix == "rocm":
+            assert r["sgprs"] > 0
+
+
+def test_neighborhood_attention_fused_kernel_on_sm90(rows):
+    (r,) = _ok(rows["h200"], "neighborhood_attention", "cuda:na_triton")
+    assert r["kernel"] == "_na_fwd_kernel" and r["registers"] > 0 and r["shared_bytes"] > 0
+
+
+def test_vendor_configs_come_from_each_vendors_launch_code(rows):
+    # [1, 32640, 4096] torch-flavour RMSNorm: the CUDA launch takes 2 rows per 8-warp program (tuned on
+    # the H200) with PDL; the ROCm numerics run one row per program (1024 threads, wave64).
+    (cuda,) = _ok(rows["h200"], "rmsnorm", "cuda:triton")[:1]
+    (amd,) = _ok(rows["mi355x"], "rmsnorm", "rocm:triton")[:1]
+    assert tuple(cuda["grid"]) == (16320,) and tuple(amd["grid"]) == (32640,)
+
+
+def test_lossless_and_high_share_one_compile(rows):
+    lossless, high = (r for r in rows["h200"] if r["op"] == "rmsnorm" and r["chosen"] == "cuda:triton")
+    assert not lossless["cached"] and lossless["compile_s"] > 0
+    assert high["cached"] and high["compile_s"] == 0 and high["registers"] == lossless["registers"]
+
+
+def test_impls_without_kernels_here_are_skipped_with_the_reason(rows):
+    for chosen, word in (("rocm:aiter", "AITER"), ("rocm:na_flex", "inductor")):
+        (r,) = [r for r in rows["mi355x"] if r["chosen"] == chosen]
+        assert r["status"].startswith("skipped: ") and word in r["status"] and r["problem"] == ""
+
+
+def test_cuda_cpp_kernels_compiled_or_skipped_never_silently(rows):
+    native = [r for r in rows["h200"] if r["chosen"] == "cuda:cuda_vec"]
+    assert native
+    if native[0]["status"] == "skipped: no nvcc":
+        return
+    assert all(r["status"] == "ok" and r["registers"] > 0 for r in native)
+    assert all("__nv_bfloat16" in r["kernel"] for r in native)  # the plan's dtype's instantiations
+    assert not [r for r in native if r["problem"]]
+
+
+def test_native_flags_are_the_extensions_own():
+    build = (Path(fc.__file__).parent.parent / "kernels" / "_cuda_build.py").read_text()
+    for flag in fc.NATIVE["cuda:cuda_vec"].flags:
+        assert f'"{flag}"' in build
+
+
+def test_unknown_impl_fails_with_a_problem():
+    (r,) = fc.compile_target("h200", simulated("h200"), [_plan("rmsnorm", "cuda:nonexistent")])
+    assert r["status"].startswith("failed: ") and r["problem"]
+
+
+def test_broken_specialisation_reports_failed_with_a_problem(rows):
+    (shape,) = fc.run_in_worker(
+        _worker.capture_shapes, "sm90", "cuda", "xbackend_cuda.launch:gated_residual_triton", None,
+        "gated_residual", "bfloat16", (0,),
+    )  # fmt: skip
+    spec = shape.launches[0].spec
+    index = [n for n, _ in spec.signature].index("BLOCK_D")
+    constexprs = tuple((k, 1000 if k == (index,) else v) for k, v in spec.constexprs)  # tl.arange needs 2^n
+    result = fc.compile_spec(dataclasses.replace(spec, constexprs=constexprs), "sm90")
+    status, problem, waiver = fc.judge(spec.name, "sm90", result)
+    assert status.startswith("failed: ") and "power of 2" in status, status
+    assert problem and not waiver
+
+
+def test_waivers():
+    spilled = CompileResult("k", registers=255, spill_bytes=16, spill_stores=12)
+    assert fc.judge("row_tile_kernel<float, 8, false, 2>", "sm100", spilled, waivers={}) == (
+        "ok",
+        "spills (16 B local memory per thread, 12 B spill stores) without a waiver",
+        "",
+    )
+    waivers = {("row_tile_kernel<*, 8, *>", "sm10*"): "an explicit tuning knob"}
+    assert fc.judge("row_tile_kernel<float, 8, false, 2>", "sm100", spilled, waivers) == (
+        "ok",
+        "",
+        "an explicit tuning knob",
+    )
+    assert fc.judge("row_tile_kernel<float, 8, false, 2>", "sm90", spilled, waivers)[1]  # other arch
+    assert fc.judge("row_tile_kernel<float, 4, false, 2>", "sm100", spilled, waivers)[1]  # other kernel
+    scratch = CompileResult("k", registers=128, spill_bytes=64, spill_stores=3)
+    assert "64 B scratch per lane, 3 registers spilled" in fc.judge("k", "gfx942", scratch, {})[1]
+    assert fc.judge("k", "sm90", CompileResult("k", registers=32), {}) == ("ok", "", "")
+    for (kernel, arch), why in fc.WAIVERS.items():  # every declared waiver says why
+        assert kernel and arch and len(why) > 10
+
+
+def test_occupancy_from_the_limits_table():
+    occ = _resources.occupancy
+    # 82 registers: 2816 per warp -> 23 warps' worth -> two 8-warp blocks.
+    assert occ("sm90", _resources.Resources(registers=82, shared_bytes=9216), 8) == _resources.Occupancy(
+        16, 2, "registers"
+    )
+    assert occ("sm100", _resources.Resources(registers=32, shared_bytes=3072), 4) == _resources.Occupancy(
+        64, 16, "warps"
+    )
+    # 120 KB of shared memory per block (+1 KB reserved): one block of 228 KB.
+    assert occ("sm90", _resources.Resources(registers=32, shared_bytes=120 * 1024), 4).limiter == "shared"
+    # 73 VGPRs -> 80 allocated -> 6 waves per SIMD -> three 8-wave workgroups per CU.
+    amd = occ("gfx950", _resources.Resources(registers=73, sgprs=50, shared_bytes=16384), 8)
+    assert amd == _resources.Occupancy(24, 3, "registers")
+    # 48 KB of LDS: one workgroup on CDNA3 (64 KB), three on CDNA4 (160 KB).
+    lds = _resources.Resources(registers=24, sgprs=30, shared_bytes=48 * 1024)
+    assert occ("gfx942", lds, 4) == _resources.Occupancy(4, 1, "shared")
+    assert occ("gfx950", lds, 4) == _resources.Occupancy(12, 3, "shared")
+    assert occ("sm80", lds, 4) is None  # no limits entry
+
+
+def test_compiler_report_parsers():
+    log = """ptxas info    : Compiling entry function '_Z1kPf' for 'sm_100'
+ptxas info    : Function properties for _Z1kPf
+    16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 0 barriers, 16 bytes cumulative stack size
+ptxas info    : Compiling entry function '_Z1gPf' for 'sm_100'
+ptxas info    : Function properties for _Z1gPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem"""
+    found = _resources.ptxas_resources(log)
+    assert found["_Z1kPf"] == _resources.Resources(registers=255, spill_bytes=16, spill_stores=12)
+    assert found["_Z1gPf"] == _resources.Resources(registers=40, shared_bytes=2048)
+    asm = """; NumVgprs: 34
+; Occupancy: 8
+amdhsa.kernels:
+  - .agpr_count:     4
+    .group_segment_fixed_size: 256
+    .private_segment_fixed_size: 32
+    .sgpr_count:     30
+    .sgpr_spill_count: 1
+    .vgpr_count:     40
+    .vgpr_spill_count: 2
+"""
+    assert _resources.amdgcn_resources(asm, 4096) == _resources.Resources(
+        registers=40, sgprs=30, agprs=4, spill_bytes=32, spill_stores=3, shared_bytes=4352, compiler_occupancy=8
+    )
+
+
+def _fusion_compile(fn: str, op: str, dtype: str, default: str, drop_option: bool = False) -> CompileResult:
+    """Capture and compile for sm90 with TRITON_DEFAULT_FP_FUSION=default in the worker, from scratch."""
+    env = {"TRITON_DEFAULT_FP_FUSION": default}
+    (shape,) = fc.run_in_worker(_worker.capture_shapes, "sm90", "cuda", fn, None, op, dtype, (0,), env=env)
+    spec = shape.launches[0].spec
+    if drop_option:  # the control: what the kernel would get from Triton's default
+        spec = dataclasses.replace(spec, options=tuple((k, v) for k, v in spec.options if k != "enable_fp_fusion"))
+    else:
+        assert spec.option["enable_fp_fusion"] is False
+    return fc.run_in_worker(_worker.compile_triton, spec, "sm90", env={**env, "TRITON_ALWAYS_COMPILE": "1"},
+                            stages=("ttgir", "ptx"))  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn,op,dtype", [
+    ("xbackend_cuda.launch:rmsnorm", "rmsnorm", "bfloat16"),
+    ("xbackend_cuda.launch:gated_residual_triton", "gated_residual", "float32"),
+])  # fmt: skip
+def test_exact_kernels_do_not_depend_on_the_fp_fusion_default(fn, op, dtype):
+    off, on = (_fusion_compile(fn, op, dtype, default) for default in ("0", "1"))
+    assert off.error is None and on.error is None
+    assert off.extra["ptx"] == on.extra["ptx"] and off.extra["ttgir"] == on.extra["ttgir"]
+
+
+@pytest.mark.slow
+def test_the_fp_fusion_default_does_change_a_kernel_left_to_it():
+    # fp32 x + u * g: with fusion left to the default, "on" contracts the product and sum into one FMA.
+    fn, op = "xbackend_cuda.launch:gated_residual_triton", "gated_residual"
+    off, on = (_fusion_compile(fn, op, "float32", default, drop_option=True) for default in ("0", "1"))
+    assert "fma.rn.f32" in on.extra["ptx"] and "fma.rn.f32" not in off.extra["ptx"]

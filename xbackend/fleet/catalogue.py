@@ -1,0 +1,156 @@
+"""Representative inputs per op, for compiling every kernel specialisation a fleet would launch.
+
+Each entry builds the op's bound arguments (what ``OpSpec.bind`` returns) for a dtype on a device; the
+compile path builds them as fake CUDA tensors, so nothing is allocated. The shapes are the models'
+own: LTX-2's DiT (video 8160 / 32640 tokens at hidden 4096, 3072-wide variants, the audio stream's
+126 tokens at 2048, heads of 128), the DiffVAE's channels-last stage activations ``[1, T, H, W, C]``
+(C = 128 .. 1024), and its neighborhood-attention tiles. A kernel specialises on dtypes, the row
+width, flavours and the divisibility of sizes and strides, not on the row count, so the lists cover
+widths and layouts, with both LTX-2 token counts where the count enters the plan (the diffusers mean
+reduce's block shape, 32-bit index limits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["CATALOGUES", "Shape", "catalogue"]
+
+Make = Callable[[torch.dtype, torch.device], tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One representative input: a label for reports and the op's bound arguments."""
+
+    label: str
+    make: Make
+
+
+def _t(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _rmsnorm(shape: tuple[int, ...], flavour: str, label: str) -> Shape:
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        return (_t(shape, dtype, device), _t(shape[-1:], dtype, device), 1e-6, flavour)
+
+    return Shape(f"{label} {list(shape)} {flavour}", make)
+
+
+def _modulate(shape: tuple[int, ...], flavour: str, weight: bool, label: str) -> Shape:
+    mod = (1,) * (len(shape) - 1) + shape[-1:]  # adaLN's per-sample scale/shift, broadcast over tokens
+
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        w = _t(shape[-1:], dtype, device) if weight else None
+        return (_t(shape, dtype, device), _t(mod, dtype, device), _t(mod, dtype, device), w, 1e-6, flavour)
+
+    return Shape(f"{label} {list(shape)} mod{list(mod)} {flavour}{' w' if weight else ''}", make)
+
+
+def _gated(rows: int, d: int, gate: str, label: str) -> Shape:
+    gate_shape = {"bcast": (1, 1, d), "full": (1, rows, d), "token": (1, rows, 1)}[gate]
+
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        return (_t((1, rows, d), dtype, device), _t((1, rows, d), dtype, device), _t(gate_shape, dtype, device))
+
+    return Shape(f"{label} [1,{rows},{d}] gate {list(gate_shape)}", make)
+
+
+def _rope(rows: int, d: int, label: str) -> Shape:
+    # LTX-2 keeps cos/sin in fp32 whatever the activations' dtype.
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        freqs = _t((1, rows, d), torch.float32, device)
+        return (_t((1, rows, d), dtype, device), freqs, freqs, "interleaved")
+
+    return Shape(f"{label} [1,{rows},{d}] interleaved", make)
+
+
+def _rope_split(rows: int, heads: int, head_dim: int, label: str) -> Shape:
+    # LTX-2.3: x [B, T, H*D] against fp32 cos/sin [B, H, T, D/2].
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        freqs = _t((1, heads, rows, head_dim // 2), torch.float32, device)
+        return (_t((1, rows, heads * head_dim), dtype, device), freqs, freqs, "split")
+
+    return Shape(f"{label} [1,{rows},{heads * head_dim}] split h{heads}", make)
+
+
+def _qk(rows: int, d: int, flavour: str, label: str) -> Shape:
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        q, w, freqs = _t((1, rows, d), dtype, device), _t((d,), dtype, device), _t((1, rows, d), torch.float32, device)
+        return (q, _t((1, rows, d), dtype, device), w, w, freqs, freqs, 1e-6, flavour, "interleaved")
+
+    return Shape(f"{label} [1,{rows},{d}] {flavour} interleaved", make)
+
+
+def _qk_split(rows: int, heads: int, head_dim: int, label: str) -> Shape:
+    d = heads * head_dim
+
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        q, w = _t((1, rows, d), dtype, device), _t((d,), dtype, device)
+        freqs = _t((1, heads, rows, head_dim // 2), torch.float32, device)
+        return (q, _t((1, rows, d), dtype, device), w, w, freqs, freqs, 1e-6, "torch", "split")
+
+    return Shape(f"{label} [1,{rows},{d}] torch split h{heads}", make)
+
+
+def _na(spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...], label: str) -> Shape:
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        q = _t((1, *spatial, heads, dim), dtype, device)
+        n = len(spatial)
+        return (q, _t(q.shape, dtype, device), _t(q.shape, dtype, device), window, (1,) * n, (False,) * n, None)
+
+    return Shape(f"{label} {'x'.join(map(str, spatial))} h{heads} d{dim} w{'x'.join(map(str, window))}", make)
+
+
+CATALOGUES: dict[str, tuple[Shape, ...]] = {
+    "rmsnorm": (
+        _rmsnorm((1, 32640, 4096), "torch", "dit q/k"),
+        _rmsnorm((1, 8160, 4096), "diffusers", "dit"),
+        _rmsnorm((1, 32640, 4096), "diffusers", "dit"),
+        _rmsnorm((1, 8160, 3072), "torch", "dit"),
+        _rmsnorm((1, 126, 2048), "torch", "dit audio"),
+        _rmsnorm((1, 16, 48, 80, 128), "torch", "diffvae"),
+        _rmsnorm((1, 4, 12, 20, 1024), "torch", "diffvae"),
+    ),
+    "rmsnorm_modulate": (
+        _modulate((1, 32640, 4096), "torch", False, "dit"),
+        _modulate((1, 8160, 4096), "diffusers", False, "dit"),
+        _modulate((1, 126, 2048), "torch", False, "dit audio"),
+        _modulate((1, 40, 96, 96, 256), "torch", True, "diffvae stage 5"),
+        _modulate((1, 16, 48, 80, 512), "torch", True, "diffvae"),
+    ),
+    "gated_residual": (
+        _gated(32640, 4096, "bcast", "dit"),
+        _gated(8160, 4096, "full", "dit"),
+        _gated(8160, 4096, "token", "dit"),
+        _gated(8160, 3072, "bcast", "dit"),
+        _gated(126, 2048, "full", "dit audio"),
+    ),
+    "rotary_embedding": (
+        _rope(32640, 4096, "dit"),
+        _rope(8160, 4096, "dit"),
+        _rope_split(32640, 32, 128, "dit ltx-2.3"),
+        _rope(126, 2048, "dit audio"),
+    ),
+    "qk_norm_rope": (
+        _qk(32640, 4096, "torch", "dit"),
+        _qk(8160, 4096, "diffusers", "dit"),
+        _qk_split(32640, 32, 128, "dit ltx-2.3"),
+        _qk(126, 2048, "torch", "dit audio"),
+    ),
+    "neighborhood_attention": (
+        _na((40, 96, 96), 4, 64, (11, 11, 11), "diffvae stage 5"),
+        _na((30, 48, 80), 24, 128, (18, 24, 24), "video dit"),
+        _na((128, 128), 4, 64, (13, 13), "2-d"),
+    ),
+}
+
+
+def catalogue(op: str) -> tuple[Shape, ...]:
+    """The representative inputs of ``op`` (empty for an op without a catalogue)."""
+    return CATALOGUES.get(op, ())

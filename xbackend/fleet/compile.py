@@ -1,0 +1,529 @@
+"""Compile, on a CPU-only host, every kernel a fleet's plans would launch, to each target's binary, and
+report what each uses of the GPU.
+
+``compile_target(target, device, plans)`` takes one target's plans (``op``, ``dtype``, ``quality``,
+``chosen`` = "backend:impl"). For each chosen impl that launches Triton kernels, the impl's own launch
+path runs over its op's catalogue of representative inputs (``catalogue.py``) for the simulated device
+(``_capture.py``: the vendor's launch configs, Triton's own specialisation rules), and every
+specialisation it would launch is compiled for the target (cubin for ``sm*``, hsaco for ``gfx*``).
+CUDA C++ impls (``NATIVE``) are compiled with nvcc when it is on PATH. One row per plan x input x
+kernel: registers, spills, shared memory / LDS, an occupancy estimate (``_resources.ARCH_LIMITS``), a
+status ("ok", "failed: <first error line>", "skipped: <why>") and a ``problem`` that is non-empty when
+the kernel failed to compile or spills without a waiver (``WAIVERS``).
+
+Compiles run in worker processes started without ``TRITON_INTERPRET`` (the interpreter replaces
+``@triton.jit`` kernels with Python ones at import), and their results are cached per (kernel,
+specialisation, arch) in this process: lossless and high plans that choose one impl compile it once.
+
+``python -m xbackend.fleet.compile --targets mi355x,b200`` plans every op for those targets and prints
+the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xbackend._device import Device
+from xbackend.fleet import _resources, _worker
+from xbackend.fleet._worker import CaptureResult, CompileResult
+
+__all__ = [
+    "NATIVE",
+    "NOT_COMPILED",
+    "WAIVERS",
+    "KernelRow",
+    "NativeSource",
+    "compile_spec",
+    "compile_target",
+    "format_rows",
+    "judge",
+    "run_in_worker",
+    "shutdown",
+    "waiver_for",
+]
+
+# (kernel name pattern, arch pattern) -> why that kernel's spill is accepted. fnmatch patterns.
+WAIVERS: dict[tuple[str, str], str] = {
+    # nvcc 13.0, sm100 and sm103, bf16 only: row_tile_kernel with 8 rows per thread and a vector gate
+    # takes 255 registers and spills (a per-row gate: 88 B stack, 88 B spill stores; a divided gate:
+    # 16 B stack, 12 B stores); none on sm90 or for fp16/fp32. gated_residual.cu launches 8 rows per
+    # thread only when a caller passes rows_per_thread=8: the registered impl takes 1 row per thread for
+    # vector gates and 1, 2 or 4 for per-token gates (pick_rows_per_thread).
+    ("row_tile_kernel<*, 8, *>", "sm10*"): "8 rows per thread only through the rows_per_thread=8 tuning knob; "
+    "the registered impl never launches it",
+}
+
+
+@dataclass(frozen=True)
+class NativeSource:
+    """A CUDA C++ file whose kernels an impl launches."""
+
+    path: str  # relative to the xbackend package
+    flags: tuple[str, ...]  # nvcc flags besides the arch
+    block_warps: int  # warps per block of its default launch, for the occupancy estimate
+    # The C++ element type of each dtype: a plan reports the instantiations whose first template
+    # argument is its dtype's.
+    types: tuple[tuple[str, str], ...] = (("bfloat16", "__nv_bfloat16"), ("float16", "__half"), ("float32", "float"))
+
+    def instantiates(self, kernel: str, dtype: str) -> bool:
+        ctype = dict(self.types).get(dtype)
+        return ctype is None or "<" not in kernel or kernel.split("<", 1)[1].split(",")[0].strip(" >") == ctype
+
+
+NATIVE: dict[str, NativeSource] = {
+    # The extension's own nvcc flags (_cuda_build.JitExtension._build) and its default 128-thread
+    # blocks (kBlockThreads in gated_residual.cu).
+    "cuda:cuda_vec": NativeSource("kernels/gated_residual.cu", ("-O3", "--fmad=false"), 4),
+}
+
+# Impls (fnmatch over "backend:impl") whose kernels are not built from this repository's sources.
+NOT_COMPILED: dict[str, str] = {
+    "xbackend:reference": "eager PyTorch: aten's prebuilt kernels",
+    "rocm:aiter*": "AITER's prebuilt CK kernels",
+    "*:na_flex": "flex_attention: torch inductor generates and compiles its Triton kernels at run time",
+    "*:na_tiled_sdpa": "torch SDPA: aten's prebuilt kernels",
+    "natten:*": "NATTEN's prebuilt CUTLASS kernels",
+}
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel of one plan on one representative input."""
+
+    target: str
+    arch: str
+    op: str
+    dtype: str
+    quality: str
+    chosen: str
+    kernel: str
+    shape: str
+    status: str  # "ok", "failed: <first error line>", "skipped: <why>"
+    problem: str = ""  # non-empty: the kernel failed, or spills without a waiver
+    grid: tuple[int, ...] = ()
+    num_warps: int = 0
+    num_stages: int = 0
+    registers: int = 0  # per thread (NVIDIA) / VGPRs per lane incl. AGPRs (AMD)
+    sgprs: int = 0
+    spill_bytes: int = 0  # local memory per thread (NVIDIA) / scratch per lane (AMD)
+    spill_stores: int = 0
+    shared_bytes: int = 0  # shared memory (NVIDIA) / LDS (AMD) per block
+    occupancy: int | None = None  # resident warps per SM / waves per CU
+    occupancy_limiter: str = ""
+    waiver: str = ""
+    compile_s: float = 0.0
+    cached: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def waiver_for(kernel: str, arch: str, waivers: dict[tuple[str, str], str] | None = None) -> str | None:
+    """Why ``kernel``'s spill on ``arch`` is accepted, or None."""
+    for (k, a), why in (WAIVERS if waivers is None else waivers).items():
+        if fnmatch.fnmatchcase(kernel, k) and fnmatch.fnmatchcase(arch, a):
+            return why
+    return None
+
+
+def judge(
+    kernel: str, arch: str, result: CompileResult, waivers: dict[tuple[str, str], str] | None = None
+) -> tuple[str, str, str]:
+    """(status, problem, waiver) of one compiled kernel: a compile error is a problem, and so is any
+    spill (NVIDIA: local memory per thread; AMD: scratch per lane or spilled registers) that
+    ``waivers`` (default ``WAIVERS``) does not cover."""
+    if result.error is not None:
+        if result.error.startswith("skipped:"):
+            return result.error, "", ""
+        return f"failed: {result.error}", f"does not compile: {result.error}", ""
+    if result.spill_bytes > 0 or result.spill_stores > 0:
+        why = waiver_for(kernel, arch, waivers)
+        if why is None:
+            if arch.startswith("gfx"):
+                spilled = f"{result.spill_bytes} B scratch per lane, {result.spill_stores} registers spilled"
+            else:
+                spilled = f"{result.spill_bytes} B local memory per thread"
+                spilled += f", {result.spill_stores} B spill stores" if result.spill_stores else ""
+            return "ok", f"spills ({spilled}) without a waiver", ""
+        return "ok", "", why
+    return "ok", "", ""
+
+
+# -- the worker pool ---------------------------------------------------------------------------------
+_POOL: cf.ProcessPoolExecutor | None = None
+_POOL_SIZE = 0
+
+
+@contextlib.contextmanager
+def _without(name: str) -> Iterator[None]:
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
+def _pool(workers: int | None) -> cf.ProcessPoolExecutor:
+    global _POOL, _POOL_SIZE
+    n = workers or max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2, 8))
+    if _POOL is not None and _POOL_SIZE == n:
+        return _POOL
+    shutdown()
+    # Spawned workers copy this environment when they start: start them all now, without the
+    # interpreter switch (the initializer unsets it too, for any worker started later).
+    with _without("TRITON_INTERPRET"):
+        pool = cf.ProcessPoolExecutor(
+            max_workers=n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker.init
+        )
+        list(pool.map(_worker.ping, range(n)))
+    _POOL, _POOL_SIZE = pool, n
+    return pool
+
+
+def shutdown() -> None:
+    """Stop the worker processes (a later compile starts new ones)."""
+    global _POOL
+    if _POOL is not None:
+        _POOL.shutdown(wait=True, cancel_futures=True)
+        _POOL = None
+
+
+atexit.register(shutdown)
+
+
+def _result(future: cf.Future, kernel: str) -> Any:
+    try:
+        return future.result()
+    except cf.process.BrokenProcessPool as exc:  # a compiler crash took its worker down
+        shutdown()
+        return CompileResult(kernel, error=f"worker process died: {exc}")
+    except Exception as exc:  # the task itself raised (its own errors are results): report, don't abort
+        return CompileResult(kernel, error=f"{type(exc).__name__}: {_worker.first_line(exc)}")
+
+
+# -- caches (per process) ------------------------------------------------------------------------------
+_COMPILED: dict[tuple[str, str], CompileResult] = {}  # (specialisation key, arch)
+_CAPTURED: dict[tuple[Any, ...], list[CaptureResult]] = {}  # (arch, op, impl, dtype, shapes)
+_NATIVE_RESULTS: dict[tuple[str, str, tuple[str, ...], str], list[CompileResult]] = {}  # (path, arch, flags, sha)
+
+
+def _native_key(src: NativeSource, arch: str) -> tuple[str, str, tuple[str, ...], str]:
+    path = Path(__file__).resolve().parent.parent / src.path
+    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+    return (str(path), arch, src.flags, digest)
+
+
+def run_in_worker(fn: Any, *args: Any, workers: int | None = None, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a compile worker (a module-level function of ``_worker``: the worker
+    runs without ``TRITON_INTERPRET``, so Triton kernels there are compilable)."""
+    return _pool(workers).submit(fn, *args, **kwargs).result()
+
+
+def compile_spec(spec: Any, arch: str, workers: int | None = None) -> CompileResult:
+    """One captured specialisation compiled for ``arch`` (cached per process like ``compile_target``'s)."""
+    key = (spec.key(), arch)
+    if key not in _COMPILED:
+        _COMPILED[key] = _result(_pool(workers).submit(_worker.compile_triton, spec, arch), spec.name)
+    return _COMPILED[key]
+
+
+# -- the plans -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    op: str
+    dtype: str
+    quality: str
+    chosen: str
+    impl: Any  # the Impl record, or None
+    kind: str  # "triton", "native", "skipped", "failed"
+    detail: str = ""
+
+
+def _classify(plan: dict[str, Any], device: Device, rt: Any) -> _Plan:
+    op, dtype, quality, chosen = plan["op"], plan["dtype"], plan.get("quality", ""), plan["chosen"]
+    try:
+        candidates = rt.candidates(op)
+    except KeyError:
+        return _Plan(op, dtype, quality, chosen, None, "skipped", "a host-level op: no kernels of its own")
+    if ":" in chosen:
+        impl = next((i for i in candidates if i.qualname == chosen), None)
+    else:
+        impl = next((i for i in candidates if i.name == chosen and i.runs_on(device)), None)
+        impl = impl or next((i for i in candidates if i.name == chosen), None)
+    if impl is None:
+        return _Plan(op, dtype, quality, chosen, None, "failed", f"no impl {chosen!r} registered for {op}")
+    qualname = impl.qualname
+    if qualname in NATIVE:
+        return _Plan(op, dtype, quality, qualname, impl, "native")
+    for pattern, why in NOT_COMPILED.items():
+        if fnmatch.fnmatchcase(qualname, pattern):
+            return _Plan(op, dtype, quality, qualname, impl, "skipped", why)
+    return _Plan(op, dtype, quality, qualname, impl, "triton")
+
+
+def _shape_indices(op: str, shapes: int | Sequence[int] | None) -> tuple[int, ...] | None:
+    if shapes is None:
+        return None
+    if isinstance(shapes, int):
+        return tuple(range(shapes))
+    return tuple(shapes)
+
+
+def compile_target(
+    target: str,
+    device: Device,
+    plans: list[dict[str, Any]],
+    *,
+    shapes: int | Sequence[int] | None = None,
+    workers: int | None = None,
+) -> list[dict[str, Any]]:
+    """Compile every kernel ``plans`` would launch on ``device`` (``target`` labels the rows: "b200").
+
+    ``shapes``: only the first N catalogue inputs of each op (or these indices); ``workers``: compile
+    processes (default: this host's cores, at most 8). Returns one ``KernelRow.to_dict()`` per plan x
+    input x kernel, in plan order.
+    """
+    import xbackend
+
+    rt = xbackend.runtime()
+    arch, vendor = device.arch, device.vendor
+    classified = [_classify(p, device, rt) for p in plans]
+    needs_pool = any(p.kind in ("triton", "native") for p in classified)
+    pool = _pool(workers) if needs_pool else None
+
+    # 1. Run each distinct (impl, dtype)'s launch path over its catalogue.
+    captures: dict[tuple[Any, ...], cf.Future | list[CaptureResult]] = {}
+    natives: dict[tuple[str, str, tuple[str, ...], str], cf.Future | list[CompileResult]] = {}
+    for p in classified:
+        if p.kind == "triton":
+            key = (arch, p.op, p.chosen, p.dtype, _shape_indices(p.op, shapes))
+            if key not in captures:
+                captures[key] = _CAPTURED.get(key) or pool.submit(
+                    _worker.capture_shapes, arch, vendor, p.impl.fn, p.impl.supports, p.op, p.dtype, key[4]
+                )
+        elif p.kind == "native":
+            src = NATIVE[p.chosen]
+            key = _native_key(src, arch)
+            if key not in natives:
+                natives[key] = _NATIVE_RESULTS.get(key) or pool.submit(
+                    _worker.compile_native, key[0], str(Path(key[0]).parent), arch, src.flags
+                )
+    for key, found in list(captures.items()):
+        if isinstance(found, cf.Future):
+            got = _result(found, key[2])
+            captures[key] = _CAPTURED[key] = got if isinstance(got, list) else [CaptureResult("-", error=got.error)]
+
+    # 2. Compile each distinct specialisation not compiled before in this process.
+    fresh: set[tuple[str, str]] = set()
+    compiles: dict[tuple[str, str], cf.Future] = {}
+    for found in captures.values():
+        for shape in found:
+            for launch in shape.launches:
+                key = (launch.spec.key(), arch)
+                if key not in _COMPILED and key not in compiles:
+                    compiles[key] = pool.submit(_worker.compile_triton, launch.spec, arch)
+    for key, fut in compiles.items():
+        _COMPILED[key] = _result(fut, key[0])
+        fresh.add(key)
+    for key, found in list(natives.items()):
+        if isinstance(found, cf.Future):
+            got = _result(found, key[0])
+            natives[key] = _NATIVE_RESULTS[key] = got if isinstance(got, list) else [got]
+            fresh.add(("native",) + key[:2])
+
+    # 3. Rows, in plan order; a compile counts its seconds on the first row that uses it.
+    rows: list[KernelRow] = []
+    reported: set[tuple[str, ...]] = set()
+    for p in classified:
+        base = dict(target=target, arch=arch, op=p.op, dtype=p.dtype, quality=p.quality, chosen=p.chosen)
+        if p.kind in ("skipped", "failed"):
+            status = f"{p.kind}: {p.detail}"
+            rows.append(
+                KernelRow(**base, kernel="-", shape="-", status=status, problem=p.detail if p.kind == "failed" else "")
+            )
+        elif p.kind == "native":
+            src = NATIVE[p.chosen]
+            nkey = _native_key(src, arch)
+            first = ("native",) + nkey[:2] in fresh and ("native",) + nkey[:2] not in reported
+            reported.add(("native",) + nkey[:2])
+            for res in (r for r in natives[nkey] if src.instantiates(r.kernel, p.dtype)):
+                rows.append(
+                    _row(
+                        base,
+                        res.kernel,
+                        "all inputs (host code picks the instantiation)",
+                        (),
+                        src.block_warps,
+                        res,
+                        arch,
+                        cached=not first,
+                    )
+                )
+        else:
+            for shape in captures[(arch, p.op, p.chosen, p.dtype, _shape_indices(p.op, shapes))]:
+                if shape.error is not None:
+                    rows.append(
+                        KernelRow(
+                            **base,
+                            kernel="-",
+                            shape=shape.shape,
+                            status=f"failed: {shape.error}",
+                            problem=f"launch path raised: {shape.error}",
+                        )
+                    )
+                elif shape.reason is not None:
+                    rows.append(
+                        KernelRow(
+                            **base,
+                            kernel="-",
+                            shape=shape.shape,
+                            status=f"skipped: the impl does not take this input ({shape.reason})",
+                        )
+                    )
+                elif not shape.launches:
+                    rows.append(KernelRow(**base, kernel="-", shape=shape.shape, status="skipped: launched no kernel"))
+                for launch in shape.launches:
+                    key = (launch.spec.key(), arch)
+                    res = _COMPILED[key]
+                    first = key in fresh and key not in reported
+                    reported.add(key)
+                    rows.append(
+                        _row(
+                            base,
+                            launch.spec.name,
+                            shape.shape,
+                            launch.grid,
+                            res.num_warps or launch.spec.option.get("num_warps", 0),
+                            res,
+                            arch,
+                            cached=not first,
+                        )
+                    )
+    return [r.to_dict() for r in rows]
+
+
+def _row(
+    base: dict[str, Any],
+    kernel: str,
+    shape: str,
+    grid: tuple[int, ...],
+    num_warps: int,
+    res: CompileResult,
+    arch: str,
+    cached: bool,
+) -> KernelRow:
+    status, problem, waiver = judge(kernel, arch, res)
+    occ = None
+    if res.error is None:
+        occ = _resources.occupancy(
+            arch,
+            _resources.Resources(registers=res.registers, sgprs=res.sgprs, shared_bytes=res.shared_bytes),
+            num_warps,
+        )
+    return KernelRow(
+        **base,
+        kernel=kernel,
+        shape=shape,
+        status=status,
+        problem=problem,
+        grid=tuple(grid),
+        num_warps=num_warps,
+        num_stages=res.num_stages,
+        registers=res.registers,
+        sgprs=res.sgprs,
+        spill_bytes=res.spill_bytes,
+        spill_stores=res.spill_stores,
+        shared_bytes=res.shared_bytes,
+        occupancy=occ.warps if occ else None,
+        occupancy_limiter=occ.limiter if occ else "",
+        waiver=waiver,
+        compile_s=0.0 if cached else res.seconds,
+        cached=cached,
+    )
+
+
+# -- output ----------------------------------------------------------------------------------------------
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width table of ``compile_target`` rows."""
+    head = (
+        f"{'target':<8} {'op':<22} {'dtype':<9} {'impl':<20} {'kernel':<26} {'regs':>5} {'sgpr':>4} "
+        f"{'spill':>5} {'smem':>7} {'warps':>5} {'occ':>13}  {'s':>5}  status / input"
+    )
+    lines = [head]
+    for r in rows:
+        occ = f"{r['occupancy']} ({r['occupancy_limiter'][:5]})" if r["occupancy"] is not None else "-"
+        kernel = r["kernel"] if len(r["kernel"]) <= 26 else r["kernel"][:25] + "~"
+        status = (
+            r["status"]
+            + (f" [waived: {r['waiver']}]" if r["waiver"] else "")
+            + (f" PROBLEM: {r['problem']}" if r["problem"] and r["problem"] not in r["status"] else "")
+        )
+        lines.append(
+            f"{r['target']:<8} {r['op']:<22} {r['dtype']:<9} {r['chosen']:<20} {kernel:<26} {r['registers']:>5} "
+            f"{r['sgprs'] or '':>4} {r['spill_bytes']:>5} {r['shared_bytes']:>7} {r['num_warps'] or '':>5} {occ:>13}  "
+            f"{r['compile_s']:>5.1f}  {status} / {r['shape']}"
+        )
+    return "\n".join(lines)
+
+
+def _plans(target: str, dtypes: Sequence[str], qualities: Sequence[str]) -> tuple[Device, list[dict[str, Any]]]:
+    import torch
+
+    import xbackend
+    from xbackend._api import kernel_ops
+
+    device = xbackend.runtime().device(target)
+    plans = []
+    for dtype in dtypes:
+        for quality in qualities:
+            for op in kernel_ops():
+                row = xbackend.plan(
+                    op, device=device, dtype=getattr(torch, dtype), quality=quality, assume_available=True
+                ).chosen
+                plans.append({"op": op, "dtype": dtype, "quality": quality, "chosen": row.qualname})
+    return device, plans
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m xbackend.fleet.compile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--targets", default="mi355x,b200", help="comma-separated planning targets")
+    ap.add_argument("--dtypes", default="bfloat16")
+    ap.add_argument("--qualities", default="lossless,high")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    all_rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for target in args.targets.split(","):
+        t0 = time.perf_counter()
+        device, plans = _plans(target, args.dtypes.split(","), args.qualities.split(","))
+        rows = compile_target(target, device, plans)
+        all_rows += rows
+        print(format_rows(rows))
+        print(
+            f"{target}: {len(rows)} rows, {sum(1 for r in rows if r['problem'])} with a problem, "
+            f"{time.perf_counter() - t0:.1f} s wall\n"
+        )
+    print(f"total {time.perf_counter() - start:.1f} s wall")
+    if args.json:
+        Path(args.json).write_text(json.dumps(all_rows, indent=1))
+    return 1 if any(r["problem"] for r in all_rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
