@@ -30,6 +30,13 @@ VERDICTS = {"chosen", "lower_priority", "tie", "arch", "dtype", "quality", "unav
             "disabled", "forced"}
 
 
+def _cuda_vec_mark() -> str:
+    """How the table shows cuda:cuda_vec on a simulated target: starred where this host cannot build it."""
+    rt = xbackend.runtime()
+    impl = next(i for i in rt.candidates("gated_residual") if i.qualname == "cuda:cuda_vec")
+    return "cuda:cuda_vec*" if rt.availability(impl) is not None else "cuda:cuda_vec"
+
+
 def _builtin_plugins() -> list[tuple[str, object]]:
     import xbackend_cuda.plugin
     import xbackend_natten.plugin
@@ -198,7 +205,7 @@ def test_table_fits_100_columns_and_marks_assumptions(builtin, capsys) -> None:
     code, out, _ = _fleet(capsys, "--targets", FLEET)
     assert code == 0
     assert max(map(len, out.splitlines())) <= WIDTH
-    assert "h100 h200" in out and "cuda:cuda_vec*" in out and "* assumed available on the target" in out
+    assert "h100 h200" in out and _cuda_vec_mark() in out and "* assumed available on the target" in out
     # Six distinct columns do not fit side by side: they are cut into panels of whole columns.
     code, out, _ = _fleet(capsys, "--targets", "sm80,h200,b200,sm120,mi300x,cpu")
     assert code == 0 and max(map(len, out.splitlines())) <= WIDTH
@@ -209,7 +216,7 @@ def test_markdown_for_a_pr_comment(builtin, capsys) -> None:
     code, out, _ = _fleet(capsys, "--targets", FLEET, "--markdown", "--check", str(GOLDENS))
     assert code == 0
     assert "| op | dtype | quality | h100 h200 | b200 b300 | mi300x mi355x |" in out
-    assert "| gated_residual | bf16 | lossless | `cuda:cuda_vec*` |" in out
+    assert f"| gated_residual | bf16 | lossless | `{_cuda_vec_mark()}` |" in out
     assert "match the goldens" in out
 
 
@@ -408,6 +415,19 @@ def test_local_gpu_is_checked_against_the_golden_it_probes_as(builtin, capsys, m
     assert "h200 gated_residual bf16 lossless: cuda:cuda_vec -> cuda:triton" in out
     assert "~ cuda:cuda_vec: chosen -> unavailable: unavailable: " in out
     assert "h200 (cuda:0-7)" in out
+
+
+def test_local_notes_a_fallback_missing_here_without_failing(builtin, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The golden plans NATTEN as installed; a runner without it still runs what the golden says
+    (cuda:na_triton on Hopper), so the missing fallback is a note, not drift."""
+    h200 = Device("cuda", "sm90", "NVIDIA H200", 0)
+    monkeypatch.setattr(fleet_matrix, "local_devices", lambda rt: [(h200, "cuda:0")])
+    code, out, _ = _fleet(capsys, "--local", "--op", "neighborhood_attention", "--dtype", "bf16", "--check", str(GOLDENS))
+    assert code == 0, out
+    assert "fleet check: 1 target(s) match the goldens" in out
+    natten = next(i for i in xbackend.runtime().candidates("neighborhood_attention") if i.qualname == "natten:natten")
+    if xbackend.runtime().availability(natten) is not None:
+        assert "not installed on this machine" in out and "  h200: natten:natten: natten not importable" in out
 
 
 def test_plan_json_is_the_fleet_form(builtin, capsys) -> None:

@@ -7,7 +7,7 @@ kernel compiles and version-skew flags. See docs/fleet.md.
 
 from __future__ import annotations
 
-from .golden import Drift, check, golden_doc
+from .golden import CheckResult, Drift, check, golden_doc
 from .matrix import SCHEMA_VERSION, Assumption, TargetResult, default_matrix, envelope, plan_device, plan_target
 from .skew import Unverified
 from .spec import FleetSpec, FleetSpecError, FleetTarget, Lane, Matrix, load_fleet, parse_targets
@@ -15,6 +15,7 @@ from .spec import FleetSpec, FleetSpecError, FleetTarget, Lane, Matrix, load_fle
 __all__ = [
     "SCHEMA_VERSION",
     "Assumption",
+    "CheckResult",
     "Drift",
     "FleetSpec",
     "FleetSpecError",

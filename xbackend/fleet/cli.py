@@ -134,11 +134,10 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     failed = False
     machine = args.json or args.markdown  # stdout carries the document; notes go to stderr
     if args.check:
-        drift, missing = golden.check(args.check, results, matrix, kernel_ops())
-        drift_text = golden.render_drift(args.check, drift, missing, len(results))
-        extra["check"] = {"dir": args.check, "drift": [d.to_dict() for d in drift],
-                          "missing": [m.to_dict() for m in missing]}
-        failed |= bool(drift or missing)
+        checked = golden.check(args.check, results, matrix, kernel_ops())
+        drift_text = golden.render_check(args.check, checked)
+        extra["check"] = checked.to_dict(args.check)
+        failed |= checked.failed
     if args.update:
         for path in golden.write(args.update, results, matrix):
             _say(f"wrote {path}", machine)

@@ -17,7 +17,7 @@ from typing import Any
 from .matrix import SCHEMA_VERSION, TargetResult
 from .spec import SHORT, Matrix
 
-__all__ = ["Drift", "check", "dumps", "golden_doc", "golden_path", "render_drift", "write"]
+__all__ = ["CheckResult", "Drift", "NotHere", "check", "dumps", "golden_doc", "golden_path", "render_check", "write"]
 
 PlanKey = tuple[str, str, str]  # op, dtype, quality
 
@@ -126,8 +126,38 @@ def _candidate_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, .
     return tuple(lines)
 
 
-def compare(result: TargetResult, golden: dict[str, Any], matrix: Matrix, known_ops: Iterable[str]) -> list[Drift]:
+# Verdicts a candidate reaches only past the availability filter: on a real device such a candidate
+# may read "unavailable" instead, where its package is not installed on this machine.
+_PAST_AVAILABILITY = frozenset({"lower_priority", "tie", "unsupported", "disabled"})
+
+
+def _as_deployed(now: dict[str, Any], then: dict[str, Any], notes: dict[str, str]) -> dict[str, Any]:
+    """A real device's plan with each fallback that is only missing here put back as the golden has it.
+
+    A golden plans every package as installed. On a real device an impl that is not installed reads
+    "unavailable"; where that changes nothing that runs (the same impl is chosen, and the missing one
+    was not it), it is a note about this machine, not drift. Everything else is compared as it is.
+    """
+    if now["chosen"] != then["chosen"]:
+        return now
+    golden = {c["impl"]: c for c in then["candidates"]}
+    candidates = []
+    for c in now["candidates"]:
+        g = golden.get(c["impl"])
+        if c["verdict"] == "unavailable" and g is not None and g["verdict"] in _PAST_AVAILABILITY:
+            notes.setdefault(c["impl"], c["reason"].removeprefix("unavailable: "))
+            candidates.append(g)
+        else:
+            candidates.append(c)
+    return {**now, "candidates": candidates}
+
+
+def compare(result: TargetResult, golden: dict[str, Any], matrix: Matrix, known_ops: Iterable[str],
+            notes: dict[str, str] | None = None) -> list[Drift]:
+    """The plans of ``result`` that differ from ``golden``. For a real device (not planned as
+    deployed), fallbacks missing only on this machine go to ``notes`` (impl -> reason) instead."""
     known = set(known_ops)
+    notes = {} if notes is None else notes
 
     def key(p: dict[str, Any]) -> PlanKey:
         return (p["op"], p["dtype"], p["quality"])
@@ -137,6 +167,8 @@ def compare(result: TargetResult, golden: dict[str, Any], matrix: Matrix, known_
     then = {key(p): p for p in golden.get("plans", [])
             if p["dtype"] in matrix.dtypes and p["quality"] in matrix.qualities
             and (p["op"] in matrix.ops or p["op"] not in known)}
+    if not result.deployed:
+        now = {k: _as_deployed(p, then[k], notes) if k in then else p for k, p in now.items()}
     drift = []
     for k in list(now) + [k for k in then if k not in now]:
         a, b = now.get(k), then.get(k)
@@ -147,10 +179,40 @@ def compare(result: TargetResult, golden: dict[str, Any], matrix: Matrix, known_
     return drift
 
 
+@dataclass(frozen=True)
+class NotHere:
+    """A fallback a real device's golden plans as installed, missing on this machine (not drift)."""
+
+    target: str
+    impl: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"target": self.target, "impl": self.impl, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    drift: tuple[Drift, ...]
+    missing: tuple[Missing, ...]
+    not_here: tuple[NotHere, ...]
+    checked: int
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.drift or self.missing)
+
+    def to_dict(self, directory: str | Path) -> dict[str, Any]:
+        return {"dir": str(directory), "drift": [d.to_dict() for d in self.drift],
+                "missing": [m.to_dict() for m in self.missing], "not_installed_here": [n.to_dict() for n in self.not_here]}
+
+
 def check(directory: str | Path, results: Iterable[TargetResult], matrix: Matrix,
-          known_ops: Iterable[str]) -> tuple[list[Drift], list[Missing]]:
+          known_ops: Iterable[str]) -> CheckResult:
     drift: list[Drift] = []
     missing: list[Missing] = []
+    not_here: list[NotHere] = []
+    checked = 0
     known = list(known_ops)
     for result in results:
         path = golden_path(directory, result.target)
@@ -168,14 +230,22 @@ def check(directory: str | Path, results: Iterable[TargetResult], matrix: Matrix
                                    f"{golden.get('schema_version')!r}, this xbackend writes {SCHEMA_VERSION} "
                                    f"(rewrite it with --update {directory})"))
             continue
-        drift.extend(compare(result, golden, matrix, known))
-    return drift, missing
+        notes: dict[str, str] = {}
+        drift.extend(compare(result, golden, matrix, known, notes))
+        not_here += [NotHere(result.target, impl, reason) for impl, reason in sorted(notes.items())]
+        checked += 1
+    return CheckResult(tuple(drift), tuple(missing), tuple(not_here), checked)
 
 
-def render_drift(directory: str | Path, drift: list[Drift], missing: list[Missing], checked: int) -> str:
-    if not drift and not missing:
-        return f"fleet check: {checked} target(s) match the goldens in {directory}"
+def render_check(directory: str | Path, result: CheckResult) -> str:
+    drift, missing = result.drift, result.missing
     lines = []
+    if result.not_here:
+        lines.append("not installed on this machine (the goldens plan them as deployed; what runs is unchanged):")
+        lines += [f"  {n.target}: {n.impl}: {n.reason}" for n in result.not_here]
+    if not drift and not missing:
+        lines.append(f"fleet check: {result.checked} target(s) match the goldens in {directory}")
+        return "\n".join(lines)
     if missing:
         lines.append(f"fleet check: {len(missing)} target(s) without a usable golden in {directory}:")
         lines += [f"  {m.headline}" for m in missing]

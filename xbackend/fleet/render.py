@@ -155,7 +155,10 @@ def compile_summary(r: TargetResult) -> list[str]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k in r.kernels:
         impl = str(k.get("impl") or k.get("chosen") or "?")
-        groups.setdefault((impl, _base(str(k.get("kernel", "?")))), []).append(k)
+        kernel = _base(str(k.get("kernel", "?")))
+        if kernel in ("-", "?") and str(k.get("status", "")).startswith("skipped"):
+            kernel = str(k["status"])  # no kernel of its own to compile: say why
+        groups.setdefault((impl, kernel), []).append(k)
     if groups:
         lines.append(f"  {'impl':<24} {'kernel':<30} {'rows':>4} {'ok':>4} {'fail':>4} {'regs':>4} "
                      f"{'spill':>5} {'smem':>7}")
@@ -163,7 +166,7 @@ def compile_summary(r: TargetResult) -> list[str]:
         ok = sum(str(k.get("status")) == "ok" for k in rows)
         failed = sum(str(k.get("status", "")).startswith("failed") for k in rows)
         lines.append(f"  {_fit(impl, 24):<24} {_fit(kernel, 30):<30} {len(rows):>4} {ok:>4} {failed:>4} "
-                     f"{_most(rows, 'registers'):>4} {max(_spills(k) for k in rows):>5} "
+                     f"{_most(rows, 'registers'):>4} {_most(rows, 'spill_bytes', 'spills'):>5} "
                      f"{_most(rows, 'shared_bytes'):>7}")
     for k in bad:
         where = " ".join(str(k.get(f, "")) for f in ("op", "dtype", "shape") if k.get(f))
@@ -171,8 +174,10 @@ def compile_summary(r: TargetResult) -> list[str]:
     return lines
 
 
-def _most(rows: list[dict[str, Any]], field: str) -> str:
-    values = [int(k[field]) for k in rows if isinstance(k.get(field), int)]
+def _most(rows: list[dict[str, Any]], *fields: str) -> str:
+    """The worst value of the first field a compiled row has ("-" when no row compiled)."""
+    values = [int(v) for k in rows if k.get("status") == "ok"
+              for v in [next((k[f] for f in fields if isinstance(k.get(f), int)), None)] if v is not None]
     return str(max(values)) if values else "-"
 
 
