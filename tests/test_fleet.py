@@ -327,6 +327,19 @@ def test_strict_fails_on_an_unknown_block_name(capsys, monkeypatch: pytest.Monke
     assert code == 3 and "cuda:tritonn" in capsys.readouterr().err
 
 
+def test_unknown_names_are_found_without_the_runtime_s_own_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the runtime keeps no ``problems`` list, --strict works the unknown names out itself."""
+    from xbackend.fleet.strict import _unknown_names
+
+    monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("XBACKEND_PLUGINS", "cuda,cudaa")
+    with fresh_runtime(_builtin_plugins()[:1], block={"nosuch", "triton", "cuda:cuda_vec"}) as rt:
+        problems = _unknown_names(rt)
+    assert len(problems) == 2
+    assert problems[0].startswith("XBACKEND_PLUGINS names 'cudaa', which is no installed plugin (loaded: cuda)")
+    assert problems[1].startswith("XBACKEND_BLOCK names 'nosuch', which is no plugin or impl")
+
+
 # -- --compile ----------------------------------------------------------------------------------------
 
 
