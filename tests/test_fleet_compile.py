@@ -138,6 +138,9 @@ def test_waivers():
     )
     assert fc.judge("row_tile_kernel<float, 8, false, 2>", "sm90", spilled, waivers)[1]  # other arch
     assert fc.judge("row_tile_kernel<float, 4, false, 2>", "sm100", spilled, waivers)[1]  # other kernel
+    narrow = {("k *fp32 * D=1024 *", "sm*"): "one input"}  # a Triton row's specialisation can be named
+    assert fc.judge("k", "sm90", spilled, narrow, "*fp32 R=4 D=1024 num_warps=4")[2] == "one input"
+    assert fc.judge("k", "sm90", spilled, narrow, "*bf16 R=4 D=1024 num_warps=4")[1]
     scratch = CompileResult("k", registers=128, spill_bytes=64, spill_stores=3)
     assert "64 B scratch per lane, 3 registers spilled" in fc.judge("k", "gfx942", scratch, {})[1]
     assert fc.judge("k", "sm90", CompileResult("k", registers=32), {}) == ("ok", "", "")

@@ -54,6 +54,14 @@ class Specialisation:
         """A stable text key: equal exactly when Triton would compile the same binary."""
         return repr((self.kernel, self.signature, self.constexprs, self.attrs, self.options))
 
+    def describe(self) -> str:
+        """The first pointer's type, then each constexpr parameter as name=value, then the warps:
+        ``*bf16 D=4096 FLAVOUR=0 ... num_warps=8`` (what a waiver pattern can name)."""
+        names = [n for n, _ in self.signature]
+        pointer = next((t for _, t in self.signature if t.startswith("*")), "")
+        consts = [f"{names[k[0]]}={v}" for k, v in self.constexprs if len(k) == 1 and k[0] < len(names)]
+        return " ".join([pointer, *consts, f"num_warps={self.option.get('num_warps', '?')}"]).strip()
+
 
 @dataclass(frozen=True)
 class Launch:
