@@ -92,7 +92,7 @@ class Resources:
     agprs: int = 0  # AMD: accumulation registers (part of ``registers``)
     spill_bytes: int = 0  # NVIDIA: bytes per thread in local memory (stack frame + local); AMD: scratch per lane
     spill_stores: int = 0  # NVIDIA (ptxas): spill-store bytes; AMD: spilled VGPRs + SGPRs
-    shared_bytes: int = 0  # per block: Triton's dynamic shared memory / LDS plus static
+    shared_bytes: int = 0  # per block, the kernel's own: dynamic (Triton) plus static, no system reservation
     compiler_occupancy: int | None = None  # AMD: the LLVM backend's waves-per-SIMD estimate (registers only)
 
 
@@ -154,10 +154,13 @@ def nvidia_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def cubin_resources(cubin: bytes, dynamic_shared: int) -> dict[str, Resources]:
+def cubin_resources(cubin: bytes, dynamic_shared: int, reserved_in_static: int = 0) -> dict[str, Resources]:
     """Per function of a cubin, from ``cuobjdump --dump-resource-usage``. ptxas puts spills in the
     ABI stack frame and these kernels call no functions, so STACK + LOCAL is spill space. Shared is
-    the static size the cubin declares plus ``dynamic_shared`` (what Triton launches with)."""
+    the kernel's own: ``dynamic_shared`` (what Triton launches with) plus the static size, less
+    ``reserved_in_static``, the per-block system reservation an arch's cubins fold into their static
+    size (sm90+: 1 KB, whenever the kernel uses shared memory; measured with ptxas 13.0/13.4: an
+    empty nvcc kernel reports SHARED:1024 on sm_90/sm_100 and 0 on sm_80). ``occupancy`` adds it back."""
     tool = nvidia_tool("cuobjdump")
     if tool is None:
         raise RuntimeError("cuobjdump not found (Triton's NVIDIA backend ships one)")
@@ -172,7 +175,8 @@ def cubin_resources(cubin: bytes, dynamic_shared: int) -> dict[str, Resources]:
             name = m.group(1)
         elif m := _RESOURCE_LINE.search(line):
             reg, stack, shared, local = map(int, m.groups())
-            found[name] = Resources(registers=reg, spill_bytes=stack + local, shared_bytes=shared + dynamic_shared)
+            own = max(0, shared - reserved_in_static) + dynamic_shared
+            found[name] = Resources(registers=reg, spill_bytes=stack + local, shared_bytes=own)
     return found
 
 

@@ -155,7 +155,8 @@ def _compile_triton(spec: Any, arch: str, stages: tuple[str, ...], start: float)
     kernel = triton.compile(src, target=_capture.gpu_target(arch), options=dict(spec.options))
     md = kernel.metadata
     if "cubin" in kernel.asm:
-        found = _resources.cubin_resources(kernel.asm["cubin"], md.shared)
+        reserved = 1024 if int(arch.removeprefix("sm").rstrip("abf")) >= 90 else 0  # see cubin_resources
+        found = _resources.cubin_resources(kernel.asm["cubin"], md.shared, reserved)
         res = found.get(md.name) or next(iter(found.values()))
     else:
         res = _resources.amdgcn_resources(kernel.asm["amdgcn"], md.shared)
