@@ -9,6 +9,7 @@ import types
 import pytest
 
 import xbackend
+from xbackend.ops import rmsnorm
 from xbackend.testing import fresh_runtime
 
 
@@ -83,3 +84,42 @@ def test_registrar_rejects_impersonation() -> None:
 
     with fresh_runtime([("evil", _module(impersonate))]) as rt:
         assert "claiming backend 'cuda'" in rt.plugins["evil"].error
+
+
+# -- registrations are validated when registered ----------------------------------------------------
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"devices": "sm90-sm103"}, "a range is written sm90..sm103"),
+        ({"devices": "hopper"}, "unknown arch 'hopper'"),
+        ({"priority": "high"}, "priority expected an int"),
+        ({"priority": True}, "priority expected an int"),
+        ({"dtypes": {"bf16"}}, "dtypes expected a non-empty set of torch dtypes"),
+        ({"precision": "exact"}, "precision expected xbackend.EXACT"),
+        ({"fn": "no_colon_here"}, "fn expected a callable or a 'package.module:function' string"),
+        ({"supports": 3}, "supports expected None"),
+    ],
+)
+def test_bad_registrations_raise_naming_plugin_and_impl(fields, message) -> None:
+    class Bad:
+        @xbackend.hookimpl
+        def xbackend_register_impls(self, registrar):
+            registrar.register(**{"op": "rmsnorm", "name": "mine", "fn": rmsnorm.reference, **fields})
+
+    with pytest.raises(xbackend.RegistrationError, match=message):
+        xbackend.Impl(**{"op": "rmsnorm", "name": "mine", "fn": rmsnorm.reference, **fields})
+    with fresh_runtime([("badplugin", Bad())]) as rt:
+        error = rt.plugins["badplugin"].error or ""
+        assert "impl rmsnorm:mine" in error and message.split("(")[0] in error
+
+
+def test_an_impl_whose_fn_does_not_import_is_unavailable_not_chosen() -> None:
+    class Broken:
+        @xbackend.hookimpl
+        def xbackend_register_impls(self, registrar):
+            registrar.register(op="rmsnorm", name="ghost", fn="no_such_package.kernels:rmsnorm", priority=99, devices="*")
+
+    with fresh_runtime([("broken", Broken())]):
+        plan = xbackend.plan("rmsnorm", "cpu")
+        ghost = next(r for r in plan.rows if r.impl == "ghost")
+        assert not ghost.chosen and "cannot import fn 'no_such_package.kernels:rmsnorm'" in (ghost.reason or "")

@@ -63,8 +63,8 @@ class DeviceSpec:
                 specs.append(cls(part))
             else:
                 lo, sep, hi = part.partition("..")
-                vendor = _vendor_of(lo)
-                if hi and _vendor_of(hi) != vendor:
+                vendor = _vendor_of(lo, text)
+                if hi and _vendor_of(hi, text) != vendor:
                     raise ValueError(f"device spec {text!r}: range {part!r} mixes vendors")
                 specs.append(cls(vendor, lo, (hi or None) if sep else lo))
         return tuple(specs)
@@ -85,14 +85,23 @@ class DeviceSpec:
         return self.lo if self.lo == self.hi else f"{self.lo}..{self.hi or ''}"
 
 
-def _vendor_of(arch: str) -> str:
-    if arch.startswith("sm"):
-        return "cuda"
-    if arch.startswith("gfx"):
-        return "rocm"
-    if arch == "cpu":
-        return "cpu"
-    raise ValueError(f"unknown arch {arch!r}: expected smNN, gfxNNN or cpu")
+# The devices grammar of Impl.devices, per comma-separated part: "*", a vendor, an arch, or an inclusive
+# arch range "lo..hi" / open "lo.." within one vendor.
+DEVICES_GRAMMAR = ('"*" | "cuda" | "rocm" | "cpu" | ARCH | ARCH".."ARCH | ARCH".." (comma-separated; '
+                   'ARCH: smNN such as sm90, sm100, sm103, or gfxNNN such as gfx942, gfx950)')
+_ARCH_VENDORS = ((re.compile(r"sm_?\d+[a-z]?"), "cuda"), (re.compile(r"gfx[0-9a-f]+"), "rocm"), (re.compile(r"cpu"), "cpu"))
+
+
+def _vendor_of(arch: str, text: str | None = None) -> str:
+    for pattern, vendor in _ARCH_VENDORS:
+        if pattern.fullmatch(arch):
+            return vendor
+    where = f"device spec {text!r}: " if text is not None else ""
+    hint = ""
+    lo, dash, hi = arch.partition("-")
+    if dash and all(any(p.fullmatch(a) for p, _ in _ARCH_VENDORS) for a in (lo, hi)):
+        hint = f"; a range is written {lo}..{hi}"
+    raise ValueError(f"{where}unknown arch {arch!r}{hint}; expected {DEVICES_GRAMMAR}")
 
 
 SIMULATED_TARGETS: dict[str, Device] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from ._precision import EXACT, Output, Precision
 __all__ = ["Impl", "Registrar", "RegistrationError", "Registry"]
 
 _IMPORTED: dict[str, Callable[..., Any]] = {}
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 
@@ -52,8 +54,37 @@ class Impl:
     device_specs: tuple[DeviceSpec, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "device_specs", DeviceSpec.parse(self.devices))
-        object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        where = f"impl {self.op}:{self.name}" + (f" of plugin {self.backend!r}" if self.backend else "")
+        for name, value, kind in (("op", self.op, str), ("name", self.name, str), ("devices", self.devices, str)):
+            if not isinstance(value, kind) or not value:
+                raise RegistrationError(f"{where}: {name} expected a non-empty str, got {value!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise RegistrationError(f"{where}: priority expected an int (higher runs first), got "
+                                    f"{type(self.priority).__name__} {self.priority!r}")
+        if not isinstance(self.precision, Precision):
+            raise RegistrationError(f"{where}: precision expected xbackend.EXACT, xbackend.ulp(n) or "
+                                    f"xbackend.tolerance(x), got {self.precision!r}")
+        if not (callable(self.fn) or (isinstance(self.fn, str) and _IMPORT_PATH.fullmatch(self.fn))):
+            raise RegistrationError(f"{where}: fn expected a callable or a 'package.module:function' string, got {self.fn!r}")
+        for name in ("supports", "available"):
+            value = getattr(self, name)
+            if value is not None and not callable(value) and not (name == "supports" and isinstance(value, str)
+                                                                   and _IMPORT_PATH.fullmatch(value)):
+                raise RegistrationError(f"{where}: {name} expected None, a callable{' or a module:function string' if name == 'supports' else ''}, got {value!r}")
+        try:
+            dtypes = frozenset(self.dtypes)
+        except TypeError:
+            dtypes = frozenset({self.dtypes})
+        bad = [d for d in dtypes if not isinstance(d, torch.dtype)]
+        if bad or not dtypes:
+            raise RegistrationError(f"{where}: dtypes expected a non-empty set of torch dtypes "
+                                    f"(e.g. {{torch.bfloat16, torch.float16}}), got {self.dtypes!r}")
+        try:
+            specs = DeviceSpec.parse(self.devices)
+        except ValueError as e:
+            raise RegistrationError(f"{where}: devices: {e}") from None
+        object.__setattr__(self, "device_specs", specs)
+        object.__setattr__(self, "dtypes", dtypes)
         object.__setattr__(self, "verified_on", tuple((str(t), str(tr)) for t, tr in self.verified_on))
 
     def resolved(self, field_name: str) -> Callable[..., Any] | None:
