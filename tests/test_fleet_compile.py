@@ -227,3 +227,27 @@ def test_the_fp_fusion_default_does_change_a_kernel_left_to_it():
     fn, op = "xbackend_cuda.launch:gated_residual_triton", "gated_residual"
     off, on = (_fusion_compile(fn, op, "float32", default, drop_option=True) for default in ("0", "1"))
     assert "fma.rn.f32" in on.extra["ptx"] and "fma.rn.f32" not in off.extra["ptx"]
+
+
+@pytest.mark.parametrize("target", ["h200", "mi355x"])
+def test_no_triton_launch_leaves_fp_fusion_to_the_default(target):
+    # Every Triton impl registered for the target, captured under both defaults: the launch options
+    # must not move (the exact and fast kernels pass enable_fp_fusion=False, the fused attention True).
+    import xbackend
+
+    device, rt = simulated(target), xbackend.runtime()
+    impls = [i for op in xbackend._api.kernel_ops() for i in rt.candidates(op) if i.runs_on(device)]
+    plans = [fc._classify(_plan(i.op, i.qualname), device, rt) for i in impls]
+    seen = {}
+    for default in ("0", "1"):
+        for p in (p for p in plans if p.kind == "triton"):
+            for shape in fc.run_in_worker(_worker.capture_shapes, device.arch, device.vendor, p.impl.fn, p.impl.supports,
+                                          p.op, "bfloat16", (0,), env={"TRITON_DEFAULT_FP_FUSION": default}):  # fmt: skip
+                for launch in shape.launches:
+                    fusion = launch.spec.option["enable_fp_fusion"]
+                    assert seen.setdefault((p.chosen, shape.shape), fusion) == fusion, (p.chosen, shape.shape)
+                    if p.impl.precision == xbackend.EXACT:
+                        assert fusion is False, (p.chosen, launch.spec.name)
+                    if p.chosen == "cuda:na_triton":
+                        assert fusion is True
+    assert len(seen) >= 5

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
 import re
 import warnings
@@ -180,12 +181,14 @@ def simulated_gpu(arch: str, vendor: str) -> Iterator[list[Launch]]:
         real_run(self, *args, grid=grid, warmup=True, **kwargs)
         if not pending:
             raise RuntimeError(f"Triton did not reach compilation for {self.fn.__name__}")
-        shape = grid if isinstance(grid, tuple) else (grid,) if isinstance(grid, int) else ()
+        if callable(grid):  # grid(META): the launch's arguments by parameter name
+            grid = grid(inspect.signature(self.fn).bind(*args, **kwargs).arguments)
+        shape = tuple(grid) if isinstance(grid, tuple | list) else (grid,)
         launches.append(Launch(pending[0], tuple(int(g) for g in shape)))
         return None  # no compiled kernel: launch code caches nothing from this call
 
     def do_compile(
-        self: Any, key: Any, signature: dict, device: int, constexprs: dict, options: Any, attrs: dict, warmup: bool
+        self: Any, key: Any, signature: dict, device: int, constexprs: dict, options: Any, attrs: dict, *_: Any
     ) -> None:
         pending.append(
             Specialisation(
@@ -222,7 +225,7 @@ def simulated_gpu(arch: str, vendor: str) -> Iterator[list[Launch]]:
                 stack.enter_context(p)
             triton_driver.set_active(_Driver(target, device))
             rms._pdl_capable.cache_clear()  # answers per device index: this device is the target now
-            if not isinstance(rms._rmsnorm_exact_kernel, JITFunction):
+            if not isinstance(rms._rmsnorm_exact_kernel, JITFunction):  # any kernel module tells
                 raise RuntimeError("kernels were decorated under TRITON_INTERPRET=1; capture needs compiled kernels")
             yield launches
     finally:

@@ -293,7 +293,7 @@ def _classify(plan: dict[str, Any], device: Device, rt: Any) -> _Plan:
     return _Plan(op, dtype, quality, qualname, impl, "triton")
 
 
-def _shape_indices(op: str, shapes: int | Sequence[int] | None) -> tuple[int, ...] | None:
+def _shape_indices(shapes: int | Sequence[int] | None) -> tuple[int, ...] | None:
     if shapes is None:
         return None
     if isinstance(shapes, int):
@@ -328,7 +328,7 @@ def compile_target(
     natives: dict[tuple[str, str, tuple[str, ...], str], cf.Future | list[CompileResult]] = {}
     for p in classified:
         if p.kind == "triton":
-            key = (arch, p.op, p.chosen, p.dtype, _shape_indices(p.op, shapes))
+            key = (arch, p.op, p.chosen, p.dtype, _shape_indices(shapes))
             if key not in captures:
                 captures[key] = _CAPTURED.get(key) or pool.submit(
                     _worker.capture_shapes, arch, vendor, p.impl.fn, p.impl.supports, p.op, p.dtype, key[4]
@@ -392,7 +392,7 @@ def compile_target(
                     )
                 )
         else:
-            for shape in captures[(arch, p.op, p.chosen, p.dtype, _shape_indices(p.op, shapes))]:
+            for shape in captures[(arch, p.op, p.chosen, p.dtype, _shape_indices(shapes))]:
                 if shape.error is not None:
                     rows.append(
                         KernelRow(
