@@ -310,7 +310,7 @@ def test_guard_rejects_a_wrong_casting_mode(liger) -> None:
 
 
 # -- xbackend's conformance suite, on CPU through the simulated H200 --------------------------------
-@pytest.mark.skipif(GPU, reason="test_conformance.py runs the suite on the GPU itself")
+@pytest.mark.skipif(GPU, reason="test_liger_conformance.py runs the suite on the GPU itself")
 @pytest.mark.parametrize("key", sorted(LIGER), ids=[f"{op}:{name}" for op, name in sorted(LIGER)])
 def test_conformance_cases_on_cpu(liger, key) -> None:
     """Every case of the op's catalogue in fp16 (and fp32 where registered), with the suite's own
@@ -329,3 +329,53 @@ def test_conformance_cases_on_cpu(liger, key) -> None:
             failures, ran = conformance.check(rt, conformance.Target(found, DEVICE, dtype), cases)
         assert ran > 0
         assert failures == []
+
+
+@pytest.mark.parametrize(("x_shape", "cos_shape"), [
+    ((2, 3, 4, 16), (2, 1, 4, 8)),   # cos broadcast over heads between varying dims: copied per row
+    ((2, 3, 4, 16), (1, 1, 4, 8)),   # HF heads-first: batch and heads share the rows of cos
+    ((2, 4, 3, 16), (2, 4, 1, 8)),   # heads last: three heads per kernel row
+    ((1, 100, 8), (4,)),             # one frequency row for 100 "heads": more than a row takes, so rows
+    ((3, 8), (3, 4)),                # 2-D
+    ((2, 5, 3 * 12), (2, 3, 5, 6)),  # LTX-2.3 [B, T, H*D] against [B, H, T, D/2]
+])  # fmt: skip
+def test_rope_layouts(liger, x_shape, cos_shape) -> None:
+    from xbackend._precision import ulp_distance
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(*x_shape, generator=g).to(torch.float16).to(DEVICE)
+    angle = torch.rand(*cos_shape, generator=g).to(DEVICE) * 6.3
+    args = OPS["rotary_embedding"].bind(x, angle.cos(), angle.sin(), "split")
+    OPS["rotary_embedding"].check(*args)
+    assert impl.supports_rotary_embedding(*args) is None
+    out, ref = impl.rotary_embedding(*args), OPS["rotary_embedding"].reference(*args)
+    assert out.shape == ref.shape and out.is_contiguous()
+    assert int(ulp_distance(out, ref).max()) <= 1
+    q, k = OPS["qk_norm_rope"].reference(x, x.flip(-1), None, None, angle.cos(), angle.sin(), 1e-6, "torch", "split")
+    qo, ko = impl.qk_norm_rope(x, x.flip(-1), None, None, angle.cos(), angle.sin(), 1e-6, "torch", "split")
+    assert int(ulp_distance(qo, q).max()) <= 2 and int(ulp_distance(ko, k).max()) <= 2
+
+
+@pytest.mark.slow
+def test_bench_script_dry_run(liger, tmp_path) -> None:
+    """bench_liger.py's classification and benchmark on tiny shapes (CPU: interpreter, host µs)."""
+    import json
+
+    import bench_liger
+
+    if GPU:
+        pytest.skip("run_gpu.sh runs the script at DiT shapes on a GPU")
+    assert bench_liger.main(["--dry-run", "--classify", "--ops", "rmsnorm,rotary_embedding",
+                             "--json", str(tmp_path / "c.json")]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "c.json").read_text())
+    summary = {(s["impl"], s["dtype"]): s for s in report["summary"]}
+    assert summary[("rmsnorm:liger", "float16")]["holds"] and summary[("rmsnorm:liger", "float16")]["max_ulp"] <= 1
+    assert summary[("rmsnorm:liger", "float32")]["registered_dtype"] is False
+    assert summary[("rotary_embedding:liger", "float16")]["tier"] in ("lossless", "high")
+    assert bench_liger.main(["--dry-run", "--ops", "rmsnorm,rotary_embedding", "--no-compile",
+                             "--json", str(tmp_path / "b.json")]) == 0  # fmt: skip
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    variants = {(r["case"], r["variant"]) for r in rows}
+    assert ("rmsnorm torch [1,64,256]", "liger:liger") in variants
+    assert ("rope split [1,32,128] h2 float32 freqs", "liger kernel only (in place)") in variants
+    assert all("pct_of_copy" in r and "x_vs_eager" in r for r in rows)
