@@ -149,6 +149,7 @@ def test_the_compiler_of_a_killed_build_is_waited_for(tmp_path) -> None:
         holder.communicate()
         out = _run("fastkey", tmp_path, XBACKEND_BUILD_LOCK_TIMEOUT="1")
         assert out.stdout.startswith("Python keys (waited 1 s for the build lock"), (out.stdout, out.stderr)
+        assert f"is not running, but pid {compiler} still works in that directory" in out.stdout
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(compiler, signal.SIGKILL)

@@ -293,20 +293,18 @@ def _compiling_in(directory: Path) -> int | None:
     return None
 
 
-def _stale(lock: Path, record: dict[str, Any] | None, mtime: float) -> str | None:
-    """Why the lock's owner is gone, or None while it (or the compiler it left) may still be building."""
-    why = None
+def _owner_gone(record: dict[str, Any] | None, mtime: float) -> str | None:
+    """Why the lock's owner is gone, or None while it may still be building."""
     age = time.time() - mtime
     if age > STALE_AFTER_S:
-        why = f"no heartbeat for {age:.0f} s"
-    elif record is not None and os.name == "posix":  # os.kill(pid, 0) is no probe on Windows
-        pid = record.get("pid")
-        here = record.get("host") == socket.gethostname() and record.get("pidns") == _pidns()
-        if here and isinstance(pid, int) and not _running(pid, record.get("start")):
-            why = f"pid {pid} is not running"
-    if why is not None and _compiling_in(lock.parent) is not None:
-        return None  # its owner died but the compile goes on: wait for it like for a live owner
-    return why
+        return f"no heartbeat for {age:.0f} s"
+    if record is None or os.name != "posix":  # os.kill(pid, 0) is no probe on Windows
+        return None
+    pid = record.get("pid")
+    here = record.get("host") == socket.gethostname() and record.get("pidns") == _pidns()
+    if here and isinstance(pid, int) and not _running(pid, record.get("start")):
+        return f"pid {pid} is not running"
+    return None
 
 
 def _read(lock: Path) -> tuple[bytes, dict[str, Any] | None, float] | None:
@@ -345,10 +343,13 @@ def _take_over(lock: Path, raw: bytes, why: str) -> bool:
     return True
 
 
-def _timeout_message(lock: Path, record: dict[str, Any] | None, waited: float) -> str:
+def _timeout_message(lock: Path, record: dict[str, Any] | None, waited: float, gone: str | None,
+                     compiler: int | None) -> str:
     holder = "its owner unknown"
     if record is not None:
         holder = f"held by pid {record.get('pid')} on {record.get('host')} since {record.get('since')}"
+    if compiler is not None:
+        holder += f"; {gone}, but pid {compiler} still works in that directory"
     return (f"waited {waited:g} s for the build lock {lock} ({holder}); if no build is running, delete that "
             f"file; to wait longer set {LOCK_TIMEOUT_ENV}=<seconds>")
 
@@ -377,11 +378,13 @@ def build_lock(directory: Path, timeout: float | None = None) -> Iterator[None]:
             seen = _read(lock)
             if seen is not None:
                 raw, record, mtime = seen
-                why = _stale(lock, record, mtime)
-                if why is not None and _take_over(lock, raw, why):
+                gone = _owner_gone(record, mtime)
+                # An owner gone but its compiler still running is waited for like a live owner.
+                compiler = _compiling_in(lock.parent) if gone is not None else None
+                if gone is not None and compiler is None and _take_over(lock, raw, gone):
                     continue
                 if time.monotonic() >= deadline:
-                    raise BuildLockTimeout(_timeout_message(lock, record, limit)) from None
+                    raise BuildLockTimeout(_timeout_message(lock, record, limit, gone, compiler)) from None
                 time.sleep(max(0.0, min(_POLL_S, deadline - time.monotonic())))
             continue
         with os.fdopen(fd, "w") as f:
