@@ -3,7 +3,10 @@
 # plugin from the checkout and liger-kernel from wheels/ (the wheel copied next to this script), then
 # classifies liger's impls and benchmarks them at DiT shapes. Everything lands in $OUT:
 #   liger.txt (the console), liger_classify.json, liger_bench.json, liger_install.log,
-#   liger_tests.txt (with LIGER_TESTS=1: this plugin's tests and the conformance suite on the GPU).
+#   liger_tests.txt (step "tests": this plugin's tests and the conformance suite on the GPU).
+# LIGER_STEPS picks the steps (default "classify bench"; e.g. LIGER_STEPS="tests" in a second call when
+# one call's time limit is short). LIGER_TESTS=1 adds "tests". LIGER_BENCH_ARGS goes to bench_liger.py
+# (e.g. "--ops rmsnorm --reps 50"; "--dry-run" checks this script on a CPU).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "$HERE/../.."
@@ -16,6 +19,8 @@ shopt -u nullglob
 [ ${#WHEELS[@]} -gt 0 ] || echo "run_gpu.sh: no wheel in $HERE/wheels/ (liger-kernel must then be installed already)"
 python3 -m pip install -q --no-build-isolation --no-deps --no-index "${WHEELS[@]}" -e . -e "$HERE" \
   >"$OUT/liger_install.log" 2>&1 || { echo "install failed:"; tail -20 "$OUT/liger_install.log"; }
+STEPS=" ${LIGER_STEPS:-classify bench} "
+[ "${LIGER_TESTS:-0}" = 1 ] && STEPS="$STEPS tests "
 {
   echo "== environment"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
@@ -26,14 +31,20 @@ print(f"python {platform.python_version()} | torch {torch.__version__} | triton 
       f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
 print(f"liger-kernel {impl.version()}: {impl.available() or 'available'}")
 PY
-  echo "== classify (precision of every liger impl x dtype at DiT shapes)"
-  timeout "${CLASSIFY_TIMEOUT:-200}" python3 "$HERE/bench_liger.py" --classify --json "$OUT/liger_classify.json"
-  echo "classify exit: $?"
-  echo "== bench (device µs; liger vs builtin vs eager vs torch.compile vs copy_)"
-  timeout "${BENCH_TIMEOUT:-300}" python3 "$HERE/bench_liger.py" --json "$OUT/liger_bench.json"
-  echo "bench exit: $?"
+  if [[ $STEPS == *" classify "* ]]; then
+    echo "== classify (precision of every liger impl x dtype at DiT shapes)"
+    timeout "${CLASSIFY_TIMEOUT:-200}" python3 "$HERE/bench_liger.py" --classify --json "$OUT/liger_classify.json" ${LIGER_BENCH_ARGS:-}
+    echo "classify exit: $?"
+  fi
+  if [[ $STEPS == *" bench "* ]]; then
+    echo "== bench (device µs; liger vs builtin vs eager vs torch.compile vs copy_)"
+    timeout "${BENCH_TIMEOUT:-300}" python3 "$HERE/bench_liger.py" --json "$OUT/liger_bench.json" ${LIGER_BENCH_ARGS:-}
+    echo "bench exit: $?"
+  fi
+  if [[ $STEPS == *" tests "* ]]; then
+    echo "== tests (plugin tests and the conformance suite on this GPU)"
+    timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider "$HERE/tests" >"$OUT/liger_tests.txt" 2>&1
+    echo "tests exit: $?"
+    tail -25 "$OUT/liger_tests.txt"
+  fi
 } 2>&1 | tee "$OUT/liger.txt"
-if [ "${LIGER_TESTS:-0}" = 1 ]; then
-  timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider "$HERE/tests" >"$OUT/liger_tests.txt" 2>&1
-  tail -15 "$OUT/liger_tests.txt"
-fi
