@@ -2,7 +2,7 @@
 
 On CPU every op resolves to its reference, so torch.equal between the patched and the stock model
 proves the rewrite itself: same values, same rounding steps, same order. Whether the GPU kernels are
-exact is the ops' tests' business (and gpu/patch_check.py's).
+exact is the ops' tests' business (and benchmarks/patch_check.py's).
 """
 
 from __future__ import annotations

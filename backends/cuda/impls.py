@@ -25,14 +25,14 @@ def _cuda_ext_available() -> str | None:
 NA_TOLERANCE = xbackend.tolerance(5e-3)
 HALF = frozenset({torch.bfloat16, torch.float16})
 # Every impl here passed its op's gpu-marked tests (each checks the impl's precision contract against
-# the reference) on an H200 with torch 2.11 + CUDA 13.0 and Triton 3.6 (README: run on real hardware).
+# the reference) on an H200 with torch 2.11 + CUDA 13.0 and Triton 3.6 (README: what has run on real hardware).
 H200 = (("2.11", "3.6"),)
 
 IMPLS: list[Impl] = [
     Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_L}:supports_rmsnorm", priority=100,
          devices=POINTWISE, available=triton_available,
          description="Triton, PyTorch's fp32 reduction order reproduced (bit-exact, both flavours)", verified_on=H200),
-    # One tree-sum reduction: not faster than the exact kernels at D=4096 (notes/rmsnorm.md), so it
+    # One tree-sum reduction: not faster than the exact kernels at D=4096 (lab/gpu/rmsnorm_exact.py on an H200), so it
     # ranks below them and serves what they reject (odd D, misaligned rows) in looser tiers.
     Impl(op="rmsnorm", name="triton_fast", fn=f"{_K}.triton_rmsnorm:rmsnorm_fast",
          supports=f"{_K}.triton_rmsnorm:supports_rmsnorm_fast_torch", priority=90, devices=POINTWISE,

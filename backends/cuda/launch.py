@@ -1,6 +1,6 @@
 """NVIDIA launch configurations for the shared kernels (imported on first use, never at registration).
 
-Configs are the ones measured on the H200 (notes/*.md, gpu/*.py); SM100/SM103 take the same
+Configs are the ones measured on the H200 (lab/gpu/*.py; docs/performance.md); SM100/SM103 take the same
 arch-independent pointwise schedules (seed 000) and are not tuned here.
 """
 
@@ -29,7 +29,7 @@ def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | No
     )
 
 
-# Defaults measured best on the H200: 1024/512/256-wide column blocks, 4 rows, 4 warps (gpu/gated_residual.py).
+# Defaults measured best on the H200: 1024/512/256-wide column blocks, 4 rows, 4 warps (lab/gpu/gated_residual.py).
 gated_residual_triton = triton_gated_residual.gated_residual
 
 

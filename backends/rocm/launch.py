@@ -2,7 +2,7 @@
 
 Not run on AMD hardware here. CDNA runs 64-wide wavefronts, so the same tile wants half the warps;
 the RMSNorm kernels reproduce a ROCm build's reduction order (1024 threads, wave64, increasing
-shuffle offsets: notes/rmsnorm.md) and the guard verifies that on first use.
+shuffle offsets: docs/exactness.md) and the guard verifies that on first use.
 """
 
 from __future__ import annotations

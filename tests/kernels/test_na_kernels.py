@@ -196,7 +196,7 @@ def test_flex_tile_choice_is_valid():
 
 def test_flex_tile_cost_orders_measured_tiles():
     # H200, (30, 48, 80) window (18, 24, 24), 24 heads x 128: tile (2, 8, 8) ran 132.7 ms and
-    # (32, 2, 2) 147.9 ms (notes/na.md); the cost model must rank them the same way and by a
+    # (32, 2, 2) 147.9 ms (lab/gpu/neighborhood_attention.py); the cost model must rank them the same way and by a
     # similar ratio (0.897 measured).
     args = ((30, 48, 80), (18, 24, 24), (1, 1, 1), (False, False, False))
     ratio = na_flex.tile_cost(*args, (2, 8, 8)) / na_flex.tile_cost(*args, (32, 2, 2))
@@ -280,7 +280,7 @@ def test_triton_interpreter():
 def test_triton_config_choice():
     from xbackend.kernels.na_triton import choose_config
 
-    # Measured best on H200 (notes/na.md): 64-query tiles, KV blocks 1 wide on the outer axis.
+    # Measured best on H200 (lab/gpu/neighborhood_attention.py): 64-query tiles, KV blocks 1 wide on the outer axis.
     assert choose_config((30, 48, 80), (18, 24, 24), (1, 1, 1), 128).q_tile == (2, 4, 8)
     assert choose_config((40, 96, 96), (11, 11, 11), (1, 1, 1), 64).kv_tile == (2, 2, 16)
     # A problem smaller than one tile still gets a config (padded), never an error.

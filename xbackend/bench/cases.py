@@ -19,7 +19,7 @@ class Case:
     flops: float = 0.0  # useful FLOPs (attention)
     small: bool = False  # also time host-inclusive against one eager launch
     bar: bool = False  # a shape a performance bar is stated on (`xbackend bench --quick` runs only these)
-    skip_impls: tuple[str, ...] = ()  # impls too slow to time here (their numbers live in notes/)
+    skip_impls: tuple[str, ...] = ()  # impls too slow to time here (lab/gpu/neighborhood_attention.py times them)
 
 
 BF16 = torch.bfloat16
@@ -106,7 +106,7 @@ def _na(name: str, spatial: tuple[int, ...], heads: int, dim: int, window: tuple
                 lambda dev, g: (*(_rand((1, *spatial, heads, dim), dev, g) for _ in range(3)), window, (1,) * len(window),
                                 (False,) * len(window), None),
                 flops=4.0 * tokens * math.prod(window) * dim * heads, bar=True,
-                skip_impls=("na_tiled_sdpa",))  # seconds per call at these sizes (notes/na.md)
+                skip_impls=("na_tiled_sdpa",))  # seconds per call at these sizes (lab/gpu/neighborhood_attention.py)
 
 
 CASES: dict[str, list[Case]] = {

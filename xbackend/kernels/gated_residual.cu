@@ -24,7 +24,7 @@ namespace {
 
 constexpr int kThreads = 256;  // most threads per block (launch bound)
 // Threads per block by default, flat and row tile: torch.compile's pointwise shape (1024 elements
-// per 4 warps). On an H200 (bf16, gpu/gated_residual_variants.py) 128-thread blocks with one pack
+// per 4 warps). On an H200 (bf16, lab/gpu/gated_residual_variants.py) 128-thread blocks with one pack
 // per thread and plain loads matched compile at every seed shape, where 256-thread blocks, several
 // packs per thread and ld.global.nc loads were 0.5-4.5% slower at [1, 4096..4608, 3072] and
 // [1, 8160, 4096].
@@ -70,7 +70,7 @@ struct alignas(16) Pack {
 // __ldg takes measured slower), or L1::evict_first with the gate on L1::evict_last (pick_evict_first
 // says when). A broadcast gate row is re-read by every row that shares it: always evict_last.
 // Hints are template arguments: a runtime choice between two loads made the per-token kernels with
-// 2-4 rows per thread 3-20% slower on the H200 (results/h200/gated_residual_sweep_s6_runtime_hint.txt).
+// 2-4 rows per thread 3-20% slower on the H200 (lab/results/h200/gated_residual_sweep_s6_runtime_hint.txt).
 enum Hint : int { kPlain = 0, kEvictFirst = 1, kEvictLast = 2 };
 
 template <Hint kHint, typename T>
@@ -255,7 +255,7 @@ int l2_bytes(int device) {
 }
 
 // L1::evict_first on the streamed loads when one input (x_bytes) fits in half the L2. On an H200
-// (60 MB L2, bf16, gpu/gated_residual_variants.py, results/h200/gated_residual_variants.txt) it made
+// (60 MB L2, bf16, lab/gpu/gated_residual_variants.py, lab/results/h200/gated_residual_variants.txt) it made
 // every schedule 6-7% faster at [1, 4096..4608, 3072] (28 MB per input), 13-15% at [1, 512, 3072]
 // and 4% at [1, 126, 2048], but 1.6% slower at [1, 4096, 4608] (38 MB), neutral at [1, 8160, 4096]
 // and 4.5% slower at [1, 32640, 4096]. Half the L2 sits between the last win and the first loss.

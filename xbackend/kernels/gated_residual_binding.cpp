@@ -7,8 +7,8 @@
 // Errors are raised as RuntimeError / TypeError with messages built by string concatenation: on the
 // H200 image (torch 2.11 + cu130, extensions JIT-built by its g++ 13.3) any std::ostringstream in the
 // extension ended the process with SIGSEGV, and with it every TORCH_CHECK whose message has
-// arguments (c10::str formats through one); plain strings were fine (gpu/cpp_throw_check.py,
-// results/h200/cpp_throw_check.txt). No C++ exception leaves this file: torch's own (thrown and
+// arguments (c10::str formats through one); plain strings were fine (lab/gpu/cpp_throw_check.py,
+// lab/results/h200/cpp_throw_check.txt). No C++ exception leaves this file: torch's own (thrown and
 // formatted inside libtorch) are caught at the entry point and raised as Python exceptions.
 
 #include <torch/csrc/autograd/python_variable.h>

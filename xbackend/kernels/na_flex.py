@@ -308,7 +308,7 @@ def choose_tile(spatial: tuple[int, ...], kernel_size: tuple[int, ...], dilation
     The block structure separates over axes, so the totals over all Q tiles are products of
     per-axis sums: partial + full blocks = prod_a sum_u touched_a(u), full = prod_a sum_u full_a(u).
     ``partial_cost``: a partial block (mask_mod evaluated) costs about twice a full one, measured on
-    H200 at (30, 48, 80) / window (18, 24, 24) with tiles (32, 2, 2) and (2, 8, 8) (notes/na.md).
+    H200 at (30, 48, 80) / window (18, 24, 24) with tiles (32, 2, 2) and (2, 8, 8) (lab/gpu/neighborhood_attention.py).
     """
     n = len(spatial)
     causal = tuple(is_causal) if is_causal is not None else (False,) * n

@@ -21,7 +21,7 @@ fp32; bf16/fp16 operands on the tensor cores.
 Limits (``supports``): CUDA, bf16/fp16, head_dim 64 or 128, last dim contiguous, tensors under
 2**31 elements (offsets within a batch are 32-bit).
 
-H200 (notes/na.md): 255-261 useful TFLOP/s at (30,48,80) / 24x128 / window (18,24,24), 4.7x dense
+H200 (lab/gpu/neighborhood_attention.py): 255-261 useful TFLOP/s at (30,48,80) / 24x128 / window (18,24,24), 4.7x dense
 cuDNN SDPA; 3.8 ms (132 TFLOP/s) at the DiffVAE tile (40,96,96) / 4x64 / window 11^3.
 """
 

@@ -1,6 +1,6 @@
 """Triton RMSNorm and RMSNorm + adaLN modulate, bit-exact to eager PyTorch on CUDA.
 
-Two reference flavours (see notes/rmsnorm.md for the derivation from the aten sources):
+Two reference flavours (see docs/exactness.md for the derivation from the aten sources):
 
 * ``"torch"``: ``F.rms_norm`` -> aten ``_fused_rms_norm`` -> the vectorized LayerNorm kernel with
   ``rms_norm=true``. One block of ``torch_threads`` threads per row; thread ``t`` reads 4-element
@@ -487,7 +487,7 @@ def _rmsnorm_fast_kernel(
     tl.store(out_ptr + rows * D + cols, y, mask=mask)
 
 
-# False under the interpreter; tests and gpu/host_overhead.py flip it to time Triton's own path.
+# False under the interpreter; tests and lab/gpu/host_overhead.py flip it to time Triton's own path.
 _DIRECT = direct_capable(_rmsnorm_exact_kernel)
 
 
@@ -827,7 +827,7 @@ class _Launch(NamedTuple):
 
 _LAUNCHES: dict[tuple, _Launch] = {}
 # Register cap for the RMSNorm kernels (Triton's maxnreg); None: Triton's choice. An experiment knob
-# (gpu/rmsnorm_cuda.py --maxnreg): set it before the first launch, or clear _LAUNCHES after.
+# (lab/gpu/rmsnorm_cuda.py --maxnreg): set it before the first launch, or clear _LAUNCHES after.
 _MAXNREG: int | None = None
 _MAX_LAUNCHES = 4096
 _ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
@@ -835,7 +835,7 @@ _ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford ke
 
 # (rows per program, warps) of the plain torch-flavour norm on CUDA numerics, by (D, element size),
 # measured on the H200 at [32640, D] bf16: two rows per 8-warp program beat one per 4 warps by 0.5-1.2
-# us in four runs (gpu/rmsnorm_sweep.py; gpu/rmsnorm_cuda.py --hints / --maxnreg). fp16 moves the same
+# us in four runs (lab/gpu/rmsnorm_sweep.py; lab/gpu/rmsnorm_cuda.py --hints / --maxnreg). fp16 moves the same
 # bytes; fp32 rows (twice the bytes) and other D are unmeasured and keep the defaults. Not for the
 # diffusers flavour (25-45% slower that way) nor the modulate kernel. SM100/SM103 inherit it untested.
 _CUDA_TORCH_TUNED: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (2, 8)}
@@ -846,7 +846,7 @@ _CUDA_TORCH_TUNED: dict[tuple[int, int], tuple[int, int]] = {(4096, 2): (2, 8)}
 # Each program waits for the previous grid before its first load, then lets the next PDL launch go, so in
 # a stream of launches the next kernel's launch and ramp-up overlap this one's tail. On the H200, back-to-back
 # [1,32640,4096] bf16 torch-flavour norms (2 rows per 8-warp program): 130.7-130.8 -> 129.2-129.5 us per call,
-# bit-identical (gpu/rmsnorm_persist.py --pdl, results/h200/rmsnorm_pdl_variant.txt). A kernel launched
+# bit-identical (lab/gpu/rmsnorm_persist.py --pdl, lab/results/h200/rmsnorm_pdl_variant.txt). A kernel launched
 # without PDL after this one waits for it as usual.
 _PDL: bool | None = None
 

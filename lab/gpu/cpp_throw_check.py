@@ -1,11 +1,11 @@
 """Which C++ constructs crash a JIT-built torch extension on this machine?
 
-    python3 gpu/cpp_throw_check.py [BUILD_DIR]
+    python3 lab/gpu/cpp_throw_check.py [BUILD_DIR]
 
 Builds a CPU-only extension with ``torch.utils.cpp_extension.load_inline`` (this machine's host
 compiler, like xbackend's CUDA extensions) and runs each case in its own subprocess, so a crash in one
 does not hide the others; prints each case's exit status. On the H200 image (torch 2.11 + cu130, g++
-13.3, pybind11 3.1; 2026-11-30, results/h200/cpp_throw_check.txt) every case that formats through a
+13.3, pybind11 3.1; 2026-11-30, lab/results/h200/cpp_throw_check.txt) every case that formats through a
 ``std::ostringstream`` died with SIGSEGV (exit -11): ``str_stream``, and TORCH_CHECK with arguments
 (``caught``, ``escaping``: c10::str formats the message through one), while a literal-only TORCH_CHECK
 caught in place (``check_false_caught``), a std::runtime_error through pybind11 (``std``), returned

@@ -1,7 +1,7 @@
 """LTX-2 transformer blocks: xbackend.patch vs eager diffusers vs torch.compile, on one GPU.
 
-    python3 gpu/patch_check.py [--layers 2] [--seqs 8160,32640] [--out $OUT] [--compile-patched] [--graphs] [--profile]
-                               [--variant ltx2.3 --rope-type split]
+    python3 benchmarks/patch_check.py [--layers 2] [--seqs 8160,32640] [--out $OUT] [--compile-patched] [--graphs] [--profile]
+                                      [--variant ltx2.3 --rope-type split]
 
 The real LTX-2 block (hidden 4096 = 32 x 128, audio 2048 = 32 x 64, bf16, random weights; nothing is
 downloaded), `--layers` of them. One model forward captures the first block's inputs; each mode then
@@ -19,7 +19,7 @@ runs the block stack on them:
   RoPE: the q/k norms and split RoPE of self-attention become one qk_norm_rope).
 
 Times are medians of triton.testing.do_bench (it clears the L2 between calls; every activation here is
-larger than the H200's 60 MB L2 anyway: [1, 8160, 4096] bf16 is 67 MB). The issue's bar: patched at
+larger than the H200's 60 MB L2 anyway: [1, 8160, 4096] bf16 is 67 MB). The bar it reports (`bar`): patched at
 least 5% faster than eager and at least as fast as compile without its warm-up, bit-identical.
 Writes $OUT/patch_check.json and prints a table last. Needs diffusers==0.42.1 on the machine.
 """

@@ -1,6 +1,6 @@
 """Does cuDNN attention care how q, k, v sit in memory? LTX-2 video self-attention shapes, bf16.
 
-    python3 gpu/attn_layout.py [--out $OUT]
+    python3 lab/gpu/attn_layout.py [--out $OUT]
 
 diffusers hands SDPA ``[B, S, H, D]`` projections transposed to ``[B, H, S, D]`` (strided views);
 torch.compile may materialize them head-major first. Times cuDNN's flash kernel on both layouts

@@ -1,15 +1,15 @@
 """Why is torch.compile's ``x + update * gate`` 3-4% faster than the CUDA kernel at [1, 4096..4608, 3072]?
 
-    PYTHONUNBUFFERED=1 python3 gpu/gated_residual_variants.py [--out $OUT] [--rounds 3]
+    PYTHONUNBUFFERED=1 python3 lab/gpu/gated_residual_variants.py [--out $OUT] [--rounds 3]
 
-Schedules (``gpu/gated_residual_src/variants.cu``, same rounding as production): ``flat`` (one 16-byte
+Schedules (``lab/gpu/gated_residual_src/variants.cu``, same rounding as production): ``flat`` (one 16-byte
 pack per thread over the flat pack index, 32-bit index math: torch.compile's shape) and ``grid2d``
 (row = blockIdx.y, no division), each with three load forms (``nc``: ld.global.nc as __ldg emits,
 ``plain``: ld.global, ``ef``: L1::evict_first; the gate then L1::evict_last) and 128/256 threads.
 Against torch.compile and the production kernel's automatic choice, bf16, inputs rotated over > 256 MB,
 interleaved rounds, ratios to compile within a round; every variant checked with torch.equal first.
 Also writes torch.compile's generated code for the first shape ($OUT/inductor_<shape>.py). When
-``gpu/gated_residual_src/prev/`` holds an earlier copy of the production sources, that kernel is timed too.
+``lab/gpu/gated_residual_src/prev/`` holds an earlier copy of the production sources, that kernel is timed too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gated_residual import TIMED, eager, gate_shape, input_sets
 from gated_residual_sweep import timed_rounds
@@ -43,7 +43,7 @@ def _unwrap(out: object) -> torch.Tensor:
     return out
 
 
-SHAPES = TIMED[:7]  # the seed 001 shapes (gpu/gated_residual.py)
+SHAPES = TIMED[:7]  # the seed 001 shapes (lab/gpu/gated_residual.py)
 VARIANTS = [(s, ld, t) for s in (0, 1) for ld in (0, 1, 2) for t in (128, 256)]
 SCHEDULES = ("flat", "grid2d")
 LOADS = ("nc", "plain", "ef")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install (wheels in .whl/), the GPU tests in parallel workers, the fleet golden
-# against the real device, the Liger plugin's classification and bench. Usage: bash gpu/run_verify.sh
+# against the real device, the Liger plugin's classification and bench. Usage: bash benchmarks/run_verify.sh
 source "$(dirname "$0")/_setup.sh"
 python3 -m pip install -q --no-build-isolation --no-deps -e plugins/xbackend-liger >>/tmp/install.log 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"

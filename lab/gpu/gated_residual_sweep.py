@@ -1,7 +1,7 @@
 """CUDA gated_residual launch knobs against torch.compile at the seed 001/004 shapes (issue 3:
 "never slower than torch.compile").
 
-    python3 gpu/gated_residual_sweep.py [--out $OUT] [--rounds 3]
+    python3 lab/gpu/gated_residual_sweep.py [--out $OUT] [--rounds 3]
 
 Per shape (bf16): torch.compile of ``x + update * gate``, the CUDA kernel's automatic choice, and its
 knobs (flat path: ``packs_per_thread``; row tile: ``block_cols``, ``rows_per_thread``; both: ``load_hint``). Every config is
@@ -23,7 +23,7 @@ import torch
 import torch._dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gated_residual import TIMED, eager, gate_shape, input_sets
 

@@ -1,5 +1,5 @@
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -e . >/tmp/i.log 2>&1 || tail -5 /tmp/i.log
-timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --csv --page details python3 gpu/rmsnorm_ncu.py >$OUT/ncu.csv 2>$OUT/ncu.err; echo "rc=$?"; tail -4 $OUT/ncu.err
+timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --csv --page details python3 lab/gpu/rmsnorm_ncu.py >$OUT/ncu.csv 2>$OUT/ncu.err; echo "rc=$?"; tail -4 $OUT/ncu.err
 python3 - <<'PY'
 import csv, os, io
 text = open(os.environ["OUT"] + "/ncu.csv").read()

@@ -1,12 +1,12 @@
-"""Issue 3 experiment: CUDA C++ RMSNorm in PyTorch's exact order (gpu/rmsnorm_cuda_src/rmsnorm.cu), both
+"""Issue 3 experiment: CUDA C++ RMSNorm in PyTorch's exact order (lab/gpu/rmsnorm_cuda_src/rmsnorm.cu), both
 flavours, two schedules: one warp per row with the row in registers (16-byte loads, no barrier), and
 a staged kernel whose rows arrive in shared memory by bulk copy (cp.async.bulk + mbarrier) several
 rows ahead. On an H200: build time, bit-exactness against the reference over shapes/dtypes/flavours/
 schedules, and speed at [1, 32640, 4096] bf16 against copy_, eager, torch.compile and the production
-Triton kernel, all in one process. Neither schedule beat the Triton kernel (notes/rmsnorm.md), so
+Triton kernel, all in one process. Neither schedule beat the Triton kernel (notes/rmsnorm.md, in the git history), so
 neither is registered; kept to reproduce that finding.
 
-    python3 gpu/rmsnorm_cuda.py [--out $OUT] [--skip-exact]
+    python3 lab/gpu/rmsnorm_cuda.py [--out $OUT] [--skip-exact]
 
 Times: median device µs over inputs rotated past L2 (xbackend.bench._harness.time_rotated, the
 method of `xbackend bench`).
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from xbackend.bench._harness import rotations, time_rotated
 from xbackend.kernels import triton_rmsnorm

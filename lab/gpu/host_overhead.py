@@ -1,6 +1,6 @@
 """Host cost per call of xbackend's pointwise ops against eager PyTorch launches, on a CUDA GPU.
 
-    python3 gpu/host_overhead.py [--calls 200] [--cprofile] [--out $OUT]
+    python3 lab/gpu/host_overhead.py [--calls 200] [--cprofile] [--out $OUT]
 
 For each shape and callable: ``calls`` back-to-back calls without synchronising. ``issue µs`` is the
 host time per call (what the Python caller pays); ``wall µs`` includes the GPU draining the queue, so
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import xbackend
 from xbackend.kernels import triton_gated_residual as G

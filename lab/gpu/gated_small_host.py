@@ -1,12 +1,12 @@
 """Host-inclusive cost of the CUDA gated residual at the small seed shapes, per launch path.
 
-    python3 gpu/gated_small_host.py [--rounds 3]
+    python3 lab/gpu/gated_small_host.py [--rounds 3]
 
 Best-of-20-bursts µs per call (``xbackend.bench._harness.time_host_inclusive_interleaved``: 200
 back-to-back calls from an idle GPU, one sync, every path's bursts interleaved) and the ratio to one
 eager launch (``torch.add``): the eager expression, the Python wrapper ``cuda_gated_residual.gated_residual``,
 the extension's C function (``entry()``, what the CUDA plugin's impl caches), ``xbackend.get_op``, and,
-when ``gpu/gated_residual_src/prev/`` holds an earlier binding (pybind11, returns error strings), that one
+when ``lab/gpu/gated_residual_src/prev/`` holds an earlier binding (pybind11, returns error strings), that one
 built beside it for comparison.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import xbackend
 from xbackend.bench._harness import time_host_inclusive_interleaved

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install, probe, GPU tests, benchmarks. At most 8 files land in $OUT.
-# Usage on the H200: bash gpu/run_all.sh
-source "$(dirname "$0")/_setup.sh"
+# Usage on the H200: bash lab/gpu/run_all.sh
+source "$(dirname "$0")/../../benchmarks/_setup.sh"
 XB="python3 -m xbackend.cli"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 $XB info >"$OUT/info.txt" 2>&1; head -12 "$OUT/info.txt"

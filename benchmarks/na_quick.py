@@ -1,4 +1,5 @@
-"""NA bar shapes through get_op (na_triton resolved and guard-verified), device and host time."""
+"""Neighborhood attention at the bench shapes through get_op (na_triton resolved and guard-verified): device
+and host-inclusive time. Run from the repository root on a GPU: python3 benchmarks/na_quick.py"""
 
 import torch
 

@@ -10,7 +10,7 @@
 3. Speed at [1, 32640, 4096] bf16: kernels vs eager vs torch.compile vs ``copy_`` of the same bytes,
    triton.testing.do_bench medians over rotating buffers larger than L2.
 
-Usage: PYTHONUNBUFFERED=1 python3 gpu/rmsnorm_exact.py [--quick] [--budget SECONDS]
+Usage: PYTHONUNBUFFERED=1 python3 lab/gpu/rmsnorm_exact.py [--quick] [--budget SECONDS]
 Writes rmsnorm_exact.json to $OUT when set. Kernel compiles are pre-warmed by worker processes.
 """
 
@@ -32,7 +32,7 @@ if DRY:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("triton_rmsnorm", ROOT / "xbackend/kernels/triton_rmsnorm.py")
 K = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(K)

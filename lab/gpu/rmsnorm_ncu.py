@@ -1,10 +1,10 @@
 """Hardware counters for issue 3's gap: copy_ of the same bytes, the production Triton RMSNorm (torch
-flavour), the CUDA one-warp-per-row kernel (gpu/rmsnorm_cuda.py) and torch.compile's kernel, each once
+flavour), the CUDA one-warp-per-row kernel (lab/gpu/rmsnorm_cuda.py) and torch.compile's kernel, each once
 at [1, 32640, 4096] bf16 inside a profiler range.
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \\
-        --section WarpStateStats --csv --page details python3 gpu/rmsnorm_ncu.py
+        --section WarpStateStats --csv --page details python3 lab/gpu/rmsnorm_ncu.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rmsnorm_cuda import cuda_rmsnorm
 

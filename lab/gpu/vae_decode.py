@@ -5,8 +5,8 @@ first) it times diffusers' own serial `tiled_decode`, the adapter on one rank, a
 adapter over all ranks, and checks that the outputs are torch.equal. Sizes stop growing once one decode
 takes longer than --budget-s.
 
-    python3 gpu/vae_decode.py --out $OUT                                # 1 GPU
-    torchrun --nproc_per_node=2 gpu/vae_decode.py --out $OUT            # 2 GPUs (NCCL)
+    python3 lab/gpu/vae_decode.py --out $OUT                                # 1 GPU
+    torchrun --nproc_per_node=2 lab/gpu/vae_decode.py --out $OUT            # 2 GPUs (NCCL)
 
 Attention: stock diffusers' flex processor cannot run these sizes (it builds a dense block mask, hundreds
 of GiB at 1080p), so by default every DiffVAE attention goes through `--attn xbackend`, i.e.
@@ -34,7 +34,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from xbackend.adapters.diffusers_ltx2 import set_diffvae_attention, tiled_decode_diffvae
 

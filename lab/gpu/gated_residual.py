@@ -1,6 +1,6 @@
 """gated_residual on a GPU: bit-exactness of the Triton and CUDA C++ kernels, then timings.
 
-    PYTHONUNBUFFERED=1 python3 gpu/gated_residual.py [--out DIR] [--budget-s 170]
+    PYTHONUNBUFFERED=1 python3 lab/gpu/gated_residual.py [--out DIR] [--budget-s 170]
 
 1. builds the CUDA extension (in a background thread while the Triton checks run);
 2. checks that no fp32 multiply-add was contracted into an FMA (Triton PTX, CUDA SASS);
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch._dynamo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton
 from triton.testing import do_bench

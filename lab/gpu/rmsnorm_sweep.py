@@ -1,6 +1,6 @@
 """Launch-config sweep of the exact RMSNorm at [1, 32640, 4096] bf16 (issue 3's 1.1x bar), both flavours.
 
-    python3 gpu/rmsnorm_sweep.py [--out $OUT] [--rounds 3]
+    python3 lab/gpu/rmsnorm_sweep.py [--out $OUT] [--rounds 3]
 
 Each config: (rows per program, warps, tile arrangement, evict-first hints); None keeps the production
 choice. Times are do_bench medians over 3 rotating 267 MB inputs, in one process beside copy_ and
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from xbackend.kernels import triton_rmsnorm as K
 
@@ -30,7 +30,7 @@ SHAPE = (1, 32640, 4096)
 EPS = 1e-6
 MERGED = int(K.ARR_MERGED)
 # 2026-11-30 (session 5): 8 and 16 warps with 16-byte vectors (ARR_MERGED) give every thread one or two
-# loads of a row, like the 1-D Triton copy that reaches 100% of copy_ (notes/rmsnorm.md); 25-32 registers
+# loads of a row, like the 1-D Triton copy that reaches 100% of copy_ (notes/rmsnorm.md, in the git history); 25-32 registers
 # (sm90 AOT compile) instead of 48-64.
 CONFIGS = {
     "torch": [(None, None, None, False), (1, 4, 0, False), (2, 8, 0, False), (1, 8, MERGED, False),

@@ -1,5 +1,6 @@
-# Sourced by gpu/run_*.sh: $OUT, unbuffered Python, and the project installed in the device's Python
-# (with the wheels in .whl/, e.g. diffusers, when the call carried them).
+# Sourced by benchmarks/run_*.sh and lab/gpu/run_*.sh, run from the repository root: $OUT, unbuffered
+# Python, and the project installed in the device's Python (with the wheels in .whl/, e.g. diffusers,
+# when the call carried them).
 set -uo pipefail
 OUT=${OUT:-/tmp/xbackend-out}
 mkdir -p "$OUT"

@@ -1,6 +1,6 @@
 """neighborhood_attention on a GPU: accuracy of each impl vs the fp32 reference, then timings.
 
-    PYTHONUNBUFFERED=1 python3 gpu/neighborhood_attention.py [--out DIR] [--budget-s 220]
+    PYTHONUNBUFFERED=1 python3 lab/gpu/neighborhood_attention.py [--out DIR] [--budget-s 220]
         [--sections acc,bar,cudnn,flex,small,tiled] [--sweep 1|2] [--flex-wide] [--tag T]
 
 1. accuracy (rel. Frobenius error vs fp32, bf16 and fp16 inputs) of na_triton, na_flex (compiled)
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from triton.testing import do_bench
 
@@ -78,7 +78,7 @@ SWEEP = {
         NAConfig((4, 4, 4), (2, 2, 16), 4, 3, skip_inner_mask=False),
     ],
 }
-# Second round around the first round's winners (notes/na.md).
+# Second round around the first round's winners (notes/na.md, in the git history).
 SWEEP2 = {
     "A_30x48x80_h24_d128_w18x24x24": [
         NAConfig((2, 4, 8), (1, 2, 32), 4, 4),

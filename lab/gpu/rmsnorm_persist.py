@@ -1,6 +1,6 @@
 """Schedules for the exact torch-flavour RMSNorm at [1, 32640, 4096] bf16 (issue 3's 1.1x bar).
 
-    python3 gpu/rmsnorm_persist.py [--out $OUT]
+    python3 lab/gpu/rmsnorm_persist.py [--out $OUT]
 
 The production kernel (one program per row, 4 warps) sits at 98% of ``copy_``. This script tries
 schedules the production kernel does not have, with the same arithmetic (the device helpers of
@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from xbackend.bench._harness import time_rotated
 from xbackend.kernels import triton_rmsnorm as K
@@ -185,7 +185,7 @@ def launch(x, w, out, *, r=1, warps=4, w_early=False, persist=0, prefetch=False,
     return out, kern
 
 
-# Persistent/prefetch variants lost 3-20% in run 1 (results/h200/rmsnorm_persist.txt); kept as a knob only.
+# Persistent/prefetch variants lost 3-20% in run 1 (lab/results/h200/rmsnorm_persist.txt); kept as a knob only.
 CONFIGS = [dict(), dict(w_early=True), dict(r=2, warps=8), dict(persist=4, prefetch=True), dict(copy=True)]  # fmt: skip
 
 

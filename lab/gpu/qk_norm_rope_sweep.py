@@ -1,7 +1,7 @@
 """qk_norm_rope at LTX-2's video self-attention [1, 32640, 4096] bf16, fp32 cos/sin: launch configs of
 the fused kernel against the four separate xbackend kernels and torch.compile of the reference.
 
-    python3 gpu/qk_norm_rope_sweep.py [--out $OUT]
+    python3 lab/gpu/qk_norm_rope_sweep.py [--out $OUT]
 
 Times are do_bench medians over 3 rotating input sets (each set ~2.1 GB, far above the 60 MB L2), in one
 process; every variant's outputs are checked with torch.equal against the eager reference.
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from xbackend.kernels import triton_qk_norm_rope as K
 from xbackend.kernels import triton_rmsnorm, triton_rotary
