@@ -31,6 +31,10 @@ def _arg_error(kind: type[Exception], name: str, expected: str, got: Any) -> Exc
     return kind(f"{OP_NAME}: argument {name!r} expected {expected}, got {got!r}")
 
 
+def _shape(t: torch.Tensor) -> str:
+    return f"shape [{', '.join(map(str, t.shape))}]"
+
+
 @dataclass(frozen=True)
 class Tile:
     """One tile of the grid. `start`/`stop` are latent indices per axis (t, h, w), stop exclusive."""
@@ -294,12 +298,23 @@ def check_vae_tile_decode_args(
     _as_axes3("scale", scale, minimum=1)
     _as_axes3("min_remnant", min_remnant, minimum=0)
     _as_axes3("blend", blend, minimum=0, allow_none=True)
-    _as_axes3("lead", lead, minimum=None)
+    lead = _as_axes3("lead", lead, minimum=None)
     _as_axes3("out_size", out_size, minimum=0, allow_none=True)
     for axis, (k, s) in enumerate(zip(tile, stride, strict=True)):
         if s > k:
             raise _arg_error(
                 ValueError, "stride", f"stride <= tile on every axis (tile={tile}); axis {'thw'[axis]}", stride
+            )
+    kept = tuple(s * c for s, c in zip(stride, scale, strict=True))
+    for axis, (d, n) in enumerate(zip(lead, kept, strict=True)):
+        # The first tile keeps stride * scale + lead samples; none or fewer would crop from its far end.
+        if d <= -n:
+            raise _arg_error(
+                ValueError,
+                "lead",
+                f"lead > -stride * scale on every axis, so the first tile keeps at least one sample "
+                f"(stride * scale = {kept}); axis {'thw'[axis]}",
+                lead,
             )
     if not isinstance(whole_if_fits, bool):
         raise _arg_error(TypeError, "whole_if_fits", "a bool", whole_if_fits)
@@ -312,6 +327,50 @@ def check_vae_tile_decode_args(
     if dst is not None and dst < 0:
         raise _arg_error(ValueError, "dst", "None or a group rank >= 0", dst)
     _check_group(group, dst)
+
+
+def check_decoded_tile(
+    out: Any,
+    tile: Tile,
+    *,
+    latent_ndim: int,
+    stride: Sequence[int],
+    scale: Sequence[int],
+    lead: Sequence[int],
+) -> None:
+    """Raise TypeError/ValueError unless `out` is a decoded `tile` the assembly can place.
+
+    H and W must be the tile's latent size times `scale`. T is left free (causal decoders return fewer
+    or more frames than size * scale), but a tile that is not the last along an axis must be at least as
+    long as what the assembly keeps of it (`stride * scale`, + `lead` for the first), or the result
+    would come out short without a word.
+    """
+    where = f"tile {tile.index} at grid {tile.grid_index}"
+    hw = tuple(n * c for n, c in zip(tile.size[1:], scale[1:], strict=True))
+    spatial = f"H, W = {hw} (latent tile {tile.size} x scale {tuple(scale)}) for {where}"
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            f"{OP_NAME}: argument 'decode_tile' expected a callable returning a tensor [..., T, H, W] "
+            f"({latent_ndim} dims, like the latent), got {type(out).__name__} for {where}"
+        )
+    if out.ndim != latent_ndim:
+        raise ValueError(
+            f"{OP_NAME}: argument 'decode_tile' expected a decoded tile with {latent_ndim} dims like the latent, "
+            f"[..., T, H, W] with {spatial}, got {_shape(out)}"
+        )
+    if tuple(out.shape[-2:]) != hw:
+        raise ValueError(
+            f"{OP_NAME}: argument 'decode_tile' expected a decoded tile [..., T, H, W] with {spatial}, "
+            f"got {_shape(out)}"
+        )
+    for axis, dim in enumerate(_OUT_DIMS):
+        keep = _keep(stride[axis], scale[axis], lead[axis], tile.grid_index[axis], tile.grid_shape[axis])
+        if keep is not None and out.shape[dim] < keep:
+            raise ValueError(
+                f"{OP_NAME}: argument 'decode_tile' expected a decoded tile with {'THW'[axis]} >= {keep} "
+                f"({where} is not the last along {'thw'[axis]}: the assembly keeps {keep} samples of it, "
+                f"stride * scale plus `lead` on the first tile; check `lead` and the decoder's length), got {_shape(out)}"
+            )
 
 
 def _check_group(group: Any, dst: int | None) -> None:
