@@ -40,8 +40,7 @@ def _rank_entry(worker: Callable[..., dict], rank: int, world: int, init: str, o
     except Exception:
         results = {"__crash__": traceback.format_exc()}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    # Skip interpreter teardown: a process group whose peer timed out can block in its destructor.
-    os._exit(0)
+    # Returning ends the process normally, also after the hung-rank scenario left its group unusable.
 
 
 def run_ranks(worker: Callable[..., dict], world: int, tmp_path: Path, args: tuple = (), limit_s: float = 240):
@@ -224,7 +223,8 @@ def test_hung_rank_times_out_everywhere(ranks):
         if rank != 1:
             # Raised after the group timeout, long before the hung rank woke up.
             kind, message = res["hang"]["error"]
-            assert kind == TileDecodeError.__name__ and "did not all report back" in message
+            assert kind == TileDecodeError.__name__, res["hang"]
+            assert "no answer from rank 1 within the group's timeout of 2 s" in message, message
             assert res["hang"]["elapsed"] < HANG_SLEEP_S, (rank, res["hang"])
 
 

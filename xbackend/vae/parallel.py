@@ -10,6 +10,17 @@ serial assembly, so the result is bit-identical whatever the world size.
 Noise: `draw_noise(tile)` is called for every tile, in serial order, on every rank, whether it owns the
 tile or not, right before the tile would be decoded serially. A generator shared by the tiles therefore
 advances exactly as in a one-process decode, and a tile's noise does not depend on who decodes it.
+
+Failures, and what the caller does after them:
+
+- A rank's decode raises (or returns a tile of the wrong shape): that rank re-raises its own error, every
+  other rank raises TileDecodeError naming it. Every rank took part in the status all-reduce, so the group
+  stays usable and the next call may run on it.
+- A rank hangs or dies: the others raise TileDecodeError after `timeout` (default: the group's timeout),
+  or at once when the dead rank's connection closes, naming the rank and what it was doing. The group is
+  then unusable on every rank (NCCL communicators aborted, gloo connections closed): call
+  `torch.distributed.destroy_process_group()` and create a new group, or return from main; the process
+  exits normally. A hung rank that wakes later raises too, at once. `collective.py` says how.
 """
 
 from __future__ import annotations
@@ -21,17 +32,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .collective import GroupLink, TileDecodeError
 from .progress import TileProgress
 from .tiling import (
     OP_NAME,
     Tile,
     assemble_tiles,
     assign_tiles,
+    check_decoded_tile,
     check_vae_tile_decode_args,
     make_grid,
     normalize_axes,
     resolve_blend,
 )
+
+__all__ = ["TileDecodeError", "vae_tile_decode"]
 
 # Tile metadata sent in the status all-reduce: dtype code, ndim, then up to _MAX_DIMS sizes.
 _MAX_DIMS = 8
@@ -48,10 +63,6 @@ _DTYPES = (
     torch.int64,
     torch.bool,
 )
-
-
-class TileDecodeError(RuntimeError):
-    """Raised on the ranks whose own decode succeeded when another rank's decode failed."""
 
 
 def vae_tile_decode(
@@ -91,7 +102,13 @@ def vae_tile_decode(
     Distributed: `group` (or the default group when torch.distributed is initialised) splits the tiles
     over its ranks; every rank (or only group rank `dst`) gets the result, the others get None. A failure
     on any rank raises on every rank; a rank that never answers makes the others raise after `timeout`
-    (default: the group's timeout). Decoding all tiles on one process and on N ranks gives the same bits.
+    (default: the group's timeout; it bounds every collective of the call), and one that died makes them
+    raise at once. After a hung or dead rank the group is unusable: destroy it and make a new one, or exit
+    (module docstring). Decoding all tiles on one process and on N ranks gives the same bits.
+
+    `decode_tile`'s output is checked on every tile: as many dims as the latent, H and W equal to the tile's
+    latent size times `scale`, and a tile that is not last along an axis at least as long as the part kept
+    of it. `lead` must leave the first tile at least one sample (`lead > -stride * scale`).
     """
     check_vae_tile_decode_args(
         latent,
@@ -118,6 +135,10 @@ def vae_tile_decode(
     world = dist.get_world_size(group) if distributed else 1
     rank = dist.get_rank(group) if distributed else 0
     owners = assign_tiles([t.volume for t in tiles], world)
+    link = GroupLink(group, rank, world, latent.device, timeout) if distributed else None
+    if link is not None:
+        link.note("decoding")
+    shape_args = {"latent_ndim": latent.ndim, "stride": stride, "scale": scale, "lead": lead}
 
     mine: dict[int, torch.Tensor] = {}
     error: BaseException | None = None
@@ -128,7 +149,9 @@ def vae_tile_decode(
                 noise = draw_noise(t) if draw_noise is not None else None
                 if owners[t.index] != rank:
                     continue
-                mine[t.index] = _decode_one(latent, decode_tile, t, dims, noise, draw_noise is not None, distributed)
+                mine[t.index] = _decode_one(
+                    latent, decode_tile, t, dims, noise, draw_noise is not None, distributed, shape_args
+                )
                 bar.advance()
         except Exception as exc:
             # Distributed: the other ranks must hear of it (status all-reduce) before this one re-raises.
@@ -136,19 +159,9 @@ def vae_tile_decode(
                 raise
             error = exc
 
-    if distributed:
-        decoded = _exchange(
-            tiles,
-            owners,
-            mine,
-            error,
-            group=group,
-            rank=rank,
-            world=world,
-            dst=dst,
-            device=latent.device,
-            timeout=timeout,
-        )
+    if link is not None:
+        with link:
+            decoded = _exchange(tiles, owners, mine, error, link=link, dst=dst, device=latent.device)
         if decoded is None:
             return None
     else:
@@ -172,12 +185,12 @@ def _decode_one(
     noise: Any,
     with_noise: bool,
     distributed: bool,
+    shape_args: dict[str, Any],
 ) -> torch.Tensor:
     piece = latent[tile.slices(latent.ndim, dims)]
     out = decode_tile(piece, tile, noise) if with_noise else decode_tile(piece, tile)
-    if not isinstance(out, torch.Tensor) or out.ndim < 3:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise TypeError(f"op {OP_NAME!r}: decode_tile must return a tensor [..., T, H, W], got {got} for {tile}")
+    # Every tile, not only the first: a cheap shape test, and a wrong tile anywhere misplaces the rest.
+    check_decoded_tile(out, tile, **shape_args)
     if out.untyped_storage().data_ptr() == latent.untyped_storage().data_ptr():
         # Blending writes into tiles; a tile that is a view of the latent would overwrite the input.
         out = out.clone()
@@ -189,14 +202,6 @@ def _decode_one(
             )
         out = out.contiguous()
     return out
-
-
-def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None, timeout: datetime.timedelta | None) -> None:
-    if timeout is None:
-        dist.all_reduce(tensor, group=group)
-        return
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    work.wait(timeout)
 
 
 def _encode_meta(tiles: Sequence[Tile], mine: dict[int, torch.Tensor], world: int) -> torch.Tensor:
@@ -215,17 +220,15 @@ def _decode_meta(meta: torch.Tensor, index: int) -> tuple[torch.dtype, tuple[int
     return _DTYPES[row[0] - 1], tuple(row[2 : 2 + ndim])
 
 
-def _raise_collective_failure(
-    error: BaseException | None, failed: list[int], group: dist.ProcessGroup | None, world: int
-) -> None:
+def _raise_collective_failure(error: BaseException | None, failed: list[int], link: GroupLink) -> None:
     # Every rank knows a failure happened, so all of them join this gather: it cannot hang on its own.
-    messages: list[Any] = [None] * world
+    messages: list[Any] = [None] * link.world
     mine = None if error is None else f"{type(error).__name__}: {error}"[:2000]
     try:
-        dist.all_gather_object(messages, mine, group=group)
+        dist.all_gather_object(messages, mine, group=link.group)
     except Exception:
         # The messages are a courtesy; the failure itself must surface either way.
-        messages = [None] * world
+        messages = [None] * link.world
     if error is not None:
         raise error
     detail = "; ".join(f"rank {r}: {messages[r]}" for r in failed if messages[r])
@@ -240,14 +243,12 @@ def _exchange(
     mine: dict[int, torch.Tensor],
     error: BaseException | None,
     *,
-    group: dist.ProcessGroup | None,
-    rank: int,
-    world: int,
+    link: GroupLink,
     dst: int | None,
     device: torch.device,
-    timeout: datetime.timedelta | None,
 ) -> list[torch.Tensor] | None:
     """Agree on success, then deliver every tile to every rank (or to `dst`). Raises on every rank on failure."""
+    rank, world = link.rank, link.world
     meta = torch.zeros(len(tiles) * _META + world, dtype=torch.int64)
     if error is None:
         try:
@@ -260,20 +261,12 @@ def _exchange(
         meta[len(tiles) * _META + rank] = 1
     # NCCL only reduces device tensors, gloo takes either: the latent's device suits both.
     meta_dev = meta.to(device)
-    try:
-        _all_reduce(meta_dev, group, timeout)
-    except Exception as exc:
-        if error is not None:
-            raise error from exc
-        waited = "the group's timeout" if timeout is None else f"timeout={timeout}"
-        raise TileDecodeError(
-            f"op {OP_NAME!r}: rank {rank} decoded its tiles but the ranks did not all report back within "
-            f"{waited} (a rank hung, died, or left the collective order): {exc}"
-        ) from exc
+    link.note("exchange")
+    link.all_reduce(meta_dev, own_error=error)
     meta = meta_dev.cpu()
     failed = [r for r in range(world) if meta[len(tiles) * _META + r] > 0]
     if failed:
-        _raise_collective_failure(error, failed, group, world)
+        _raise_collective_failure(error, failed, link)
 
     receives = dst is None or rank == dst
     out: list[torch.Tensor] = []
@@ -288,10 +281,11 @@ def _exchange(
             continue
         if buf.numel() > 0:
             if dst is None:
-                dist.broadcast(buf, group=group, group_src=owner)
+                link.broadcast(buf, owner)
             elif owner != dst and rank == owner:
-                dist.send(buf, group=group, group_dst=dst)
+                link.send(buf, dst)
             elif owner != dst and rank == dst:
-                dist.recv(buf, group=group, group_src=owner)
+                link.recv(buf, owner)
         out.append(buf)
+    link.finish()
     return out if receives else None
