@@ -1,7 +1,12 @@
-"""The record each op file builds: how to bind, check, key, verify and plan one op."""
+"""The record each op file builds (how to bind, check, key, verify and plan one op) and ``define_op``,
+which builds it with everything torch needs of the op."""
 
 from __future__ import annotations
 
+import inspect
+import keyword
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +15,8 @@ import torch
 
 from ._precision import Output, Precision, compare
 
-__all__ = ["OpSpec", "contiguous", "describe_args", "register_inference_op", "register_reference_autograd", "tensor_sig"]
+__all__ = ["OpSpec", "contiguous", "define_op", "describe_args", "make_key", "register_inference_op",
+           "register_reference_autograd", "tensor_sig"]
 
 
 def tensor_sig(t: torch.Tensor | None) -> tuple[Any, ...] | None:
@@ -81,46 +87,45 @@ def describe_args(args: tuple[Any, ...]) -> str:
     return " ".join(parts)
 
 
-_INFER_LIB: torch.library.Library | None = None
-_INFER_OPS: dict[str, Any] = {}  # name -> the registered overload
-_INFER_CALLS: dict[str, Callable[..., Output]] = {}  # name -> what its kernel runs (the latest Op's _eager)
+_INFER_LIBS: dict[str, torch.library.Library] = {}  # namespace -> its library (the registrations live with it)
+_INFER_OPS: dict[str, Any] = {}  # op name -> the registered overload
+_INFER_CALLS: dict[str, Callable[..., Output]] = {}  # op name -> what its kernel runs (the latest registration's)
 
 
-def register_inference_op(spec: OpSpec, call: Callable[..., Output]) -> Callable[..., Output]:
-    """``xbackend::<name>_infer``: the op again, for calls that need no gradient under ``torch.compile``.
+def register_inference_op(spec: OpSpec, call: Callable[..., Output], namespace: str = "xbackend") -> Callable[..., Output]:
+    """``<namespace>::<name>_infer``: the op again, for calls that need no gradient under ``torch.compile``.
 
     Same schema and fake impl as ``spec.custom_op``, one kernel at CompositeExplicitAutograd that runs
-    ``call`` (the op's eager entry point: ``Op._eager``, its cached dispatch),
+    ``call`` (the op's eager entry point: the runtime's dispatch, or ``Op._eager``, its cached dispatch),
     and nothing else: ``torch.library.custom_op`` wraps every call in Python autograd, aliasing and
     device layers that cost ~14 µs of host time per call (measured on CPU), which a compiled DiT block
     with ~40 xbackend calls pays on every step. Outputs never alias inputs (every impl and reference
     allocates its result), which the schema's lack of alias annotations promises. Returns the op
-    overload to call; ``spec.custom_op`` when the spec has no fake impl.
+    overload to call; ``spec.custom_op`` when the spec has no fake impl. Registered once per op and
+    process; a later call (a second ``Op`` of the spec) only replaces ``call``.
     """
-    global _INFER_LIB
     if spec.fake is None:
         return spec.custom_op
-    name = f"{spec.name}_infer"
-    existing = _INFER_OPS.get(name)
-    if existing is not None:  # a second Op for the spec (a reloaded module): one registration per process
-        _INFER_CALLS[name] = call
+    existing = _INFER_OPS.get(spec.name)
+    if existing is not None:
+        _INFER_CALLS[spec.name] = call
         return existing
-    if _INFER_LIB is None:
-        _INFER_LIB = torch.library.Library("xbackend", "FRAGMENT")  # a module global: the registrations live with it
-    schema = getattr(torch.ops.xbackend, spec.name).default._schema
-    _INFER_LIB.define(str(schema).replace(f"xbackend::{spec.name}(", f"{name}(", 1))
-    _INFER_CALLS[name] = call
+    lib = _INFER_LIBS.get(namespace)
+    if lib is None:
+        lib = _INFER_LIBS[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    name, op_name = f"{spec.name}_infer", spec.name
+    schema = getattr(getattr(torch.ops, namespace), spec.name).default._schema
+    lib.define(str(schema).replace(f"{namespace}::{spec.name}(", f"{name}(", 1))
+    _INFER_CALLS[op_name] = call
     lists = any(isinstance(a.type, torch.ListType) for a in schema.arguments)
 
     def kernel(*args: Any) -> Output:
-        if lists:  # the dispatcher hands int[]/bool[] over as lists; bound arguments (and keys) hold tuples
-            args = tuple([tuple(a) if type(a) is list else a for a in args])
-        return contiguous(_INFER_CALLS[name](*args))
+        return contiguous(_INFER_CALLS[op_name](*(_tuples(args) if lists else args)))
 
-    _INFER_LIB.impl(name, kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"xbackend::{name}", spec.fake, lib=_INFER_LIB)
-    _INFER_OPS[name] = getattr(torch.ops.xbackend, name).default
-    return _INFER_OPS[name]
+    lib.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{namespace}::{name}", spec.fake, lib=lib)
+    _INFER_OPS[op_name] = getattr(getattr(torch.ops, namespace), name).default
+    return _INFER_OPS[op_name]
 
 
 def contiguous(out: Output) -> Output:
@@ -142,7 +147,7 @@ def register_reference_autograd(custom_op: Any, reference: Callable[..., Output]
     gradients carry the reference's own graph to the inputs and to the incoming gradients."""
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Output) -> None:
-        ctx.inputs = inputs
+        ctx.inputs = _tuples(inputs)  # the reference takes bound arguments: tuples, not the dispatcher's lists
 
     def backward(ctx: Any, *grad_outs: Any) -> tuple[Any, ...]:
         inputs = list(ctx.inputs)
@@ -178,3 +183,161 @@ def _differentiable(out: Output, grad_outs: tuple[Any, ...]) -> tuple[list[torch
         raise RuntimeError(f"backward got {len(grads)} output gradient(s) for a reference with {len(outs)} output(s)")
     kept = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
     return [o for o, _ in kept], [g for _, g in kept]
+
+
+# -- one call defines an op --------------------------------------------------------------------------
+def define_op(
+    name: str,
+    *,
+    bind: Callable[..., tuple[Any, ...]],
+    check: Callable[..., None],
+    reference: Callable[..., Output],
+    fake: Callable[..., Output],
+    example: Callable[[torch.dtype, torch.device], tuple[Any, ...]],
+    cases: Callable[[torch.dtype, torch.device, bool], list[Any]] | None = None,
+    verify: Callable[[Output, tuple[Any, ...], Precision], str | None] | None = None,
+    tolerant: bool = False,
+    normalizes: bool = False,
+    tensor_args: tuple[int, ...] | None = None,
+    key: Callable[..., tuple[Any, ...]] | None = None,
+    signature: str | None = None,
+    namespace: str = "xbackend",
+) -> OpSpec:
+    """The op ``name``'s :class:`OpSpec`, with everything torch needs of it registered.
+
+    ``bind``'s signature is the op's: callers pass its parameters, every other function takes them
+    bound, positionally. Its annotations give the custom op's schema: ``torch.Tensor`` and
+    ``torch.Tensor | None`` are the tensor arguments (``tensor_args``, unless given); ``float``, ``int``,
+    ``bool``, ``str``, each maybe ``| None``, are scalars; a union holding ``tuple[T, ...]`` or
+    ``list[T]`` is a ``T[]`` that ``bind`` turns into a tuple (``normalizes=True`` then: bind is never
+    skipped). ``fake``'s return annotation (``torch.Tensor`` or a tuple of them) is the schema's output.
+
+    Registers the custom op ``<namespace>::<name>`` (``mutates_args=()``: every impl and the reference
+    allocate their outputs), whose kernel is the runtime's dispatch and whose outputs are contiguous;
+    ``fake`` as its fake impl (called with tuples where the dispatcher passes lists, as every other
+    function is); the reference's gradients (``register_reference_autograd``); and the inference twin
+    (``register_inference_op``). The runtime key is ``make_key``'s unless ``key`` is given; the signature
+    shown in errors is bind's unless ``signature`` is given.
+    """
+    params = list(inspect.signature(bind).parameters.values())
+    names = [p.name for p in params]
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        raise TypeError(f"define_op({name!r}): bind's parameters must be positional (no *args, keyword-only or **kwargs)")
+    fake_names = list(inspect.signature(fake).parameters)
+    if fake_names != names:
+        raise TypeError(f"define_op({name!r}): fake takes ({', '.join(fake_names)}), bind ({', '.join(names)})")
+    hints = typing.get_type_hints(bind)
+    schema = [_schema_type(name, p.name, hints.get(p.name, inspect.Parameter.empty)) for p in params]
+    output = typing.get_type_hints(fake).get("return", inspect.Signature.empty)
+    if tensor_args is None:
+        tensor_args = tuple(i for i, t in enumerate(schema) if t in (torch.Tensor, torch.Tensor | None))
+    lists = any(typing.get_origin(t) is list for t in schema)
+    holder: list[OpSpec] = []  # the spec the kernel dispatches, made once the custom op exists
+
+    def kernel(*args: Any) -> Output:
+        from ._runtime import dispatch  # imported here: the runtime imports this module
+
+        out = dispatch(holder[0], _tuples(args) if lists else args)
+        return contiguous(out) if isinstance(out, torch.Tensor) else tuple(contiguous(out))  # what the fake promises
+
+    kernel.__name__ = kernel.__qualname__ = f"{name}_op"
+    kernel.__module__ = bind.__module__
+    kernel.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t) for n, t in zip(names, schema, strict=True)],
+        return_annotation=output)
+    custom_op = torch.library.custom_op(f"{namespace}::{name}", kernel, mutates_args=())
+    fake_kernel = (lambda *args: fake(*_tuples(args))) if lists else fake
+    custom_op.register_fake(fake_kernel)
+    spec = OpSpec(
+        name=name, bind=bind, check=check, reference=reference, example=example, custom_op=custom_op,
+        key=key if key is not None else make_key(name, names, tensor_args,
+                                                 {i for i in tensor_args if schema[i] != torch.Tensor}),
+        tensor_args=tensor_args, signature=signature or _signature(name, params), tolerant=tolerant,
+        positional_arity=None if normalizes else len(params), verify=verify, fake=fake_kernel, cases=cases,
+    )
+    holder.append(spec)
+    register_reference_autograd(custom_op, reference, tensor_args)
+    register_inference_op(spec, _dispatcher(spec), namespace)
+    return spec
+
+
+def make_key(name: str, params: list[str], tensor_args: tuple[int, ...], optional: set[int] | frozenset[int] = frozenset()
+             ) -> Callable[..., tuple[Any, ...]]:
+    """The runtime key of one op's bound arguments (positional or by name), as one flat function.
+
+    ``(name, ...)`` then, per position: a tensor's ``shape, stride(), dtype, device`` (four items); at
+    an ``optional`` position, None or those four as a tuple; any other argument followed by its type
+    tag, its type or for a tuple its elements' types (``_fastkey.cpp``'s ``type_tag``): ``1.0 == True``
+    and ``(3, 3) == (3.0, 3.0)``, while ``check()`` accepts one of each only. Every position reads back
+    unambiguously, so two keys are equal iff every position's metadata, value and tag are, which is
+    what makes the C++ key (same positions, same tags) equal exactly when this one is.
+
+    The function is generated (its source is its ``__doc__``): it runs on every eager call, and a loop
+    over the positions costs about twice as much host time as the flat tuple.
+    """
+    bad = [p for p in params if not p.isidentifier() or keyword.iskeyword(p) or p in ("_type", "_tuple", "_map")]
+    if bad:
+        raise ValueError(f"make_key({name!r}): {bad} cannot be parameter names (not identifiers, or the key's builtins)")
+    items = [repr(name)]
+    for i, p in enumerate(params):
+        if i not in tensor_args:
+            items.append(f"{p}, (_tuple(_map(_type, {p})) if _type({p}) is _tuple else _type({p}))")
+            continue
+        meta = f"{p}.shape, {p}.stride(), {p}.dtype, {p}.device"
+        items.append(f"(None if {p} is None else ({meta}))" if i in optional else meta)
+    source = f"def key({', '.join(params)}):\n    return ({', '.join(items)})\n"
+    namespace: dict[str, Any] = {"_type": type, "_tuple": tuple, "_map": map}
+    exec(compile(source, f"<xbackend key of {name}>", "exec"), namespace)  # the source holds only identifiers checked above
+    fn = namespace["key"]
+    fn.__qualname__ = f"key[{name}]"
+    fn.__doc__ = source
+    return fn
+
+
+def _schema_type(op: str, param: str, annotation: Any) -> Any:
+    """The schema type (as ``torch.library.infer_schema`` reads it) of one of bind's annotations."""
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    optional = type(None) in members
+    rest = [m for m in members if m is not type(None)]
+    sequences = {typing.get_args(m)[0] for m in rest if typing.get_origin(m) in (tuple, list) and typing.get_args(m)}
+    if len(sequences) == 1:
+        (element,) = sequences
+        if all(m == element or typing.get_origin(m) in (tuple, list) for m in rest) and element in (int, float, bool):
+            base: Any = list[element]  # type: ignore[valid-type]
+        else:
+            base = None
+    elif len(rest) == 1 and rest[0] in (torch.Tensor, float, int, bool, str):
+        base = rest[0]
+    else:
+        base = None
+    if base is None:
+        raise TypeError(f"define_op({op!r}): bind's annotation of {param!r} ({annotation}) has no schema type; expected "
+                        "torch.Tensor, float, int, bool or str, maybe | None, or T | tuple[T, ...] | list[T] for T int, "
+                        "float or bool")
+    return base | None if optional else base
+
+
+def _signature(name: str, params: list[inspect.Parameter]) -> str:
+    def literal(v: Any) -> str:
+        if isinstance(v, str):
+            return f'"{v}"' if '"' not in v else repr(v)
+        if isinstance(v, float):
+            return repr(v).replace("e-0", "e-").replace("e+0", "e+")
+        return repr(v)
+
+    parts = [p.name if p.default is inspect.Parameter.empty else f"{p.name}={literal(p.default)}" for p in params]
+    return f"{name}({', '.join(parts)})"
+
+
+def _tuples(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # The dispatcher hands int[]/bool[] over as lists; bound arguments (and keys) hold tuples.
+    return tuple([tuple(a) if type(a) is list else a for a in args])
+
+
+def _dispatcher(spec: OpSpec) -> Callable[..., Output]:
+    def call(*args: Any) -> Output:
+        from ._runtime import dispatch
+
+        return dispatch(spec, args)
+
+    return call

@@ -1,4 +1,6 @@
-"""The abstract ops, one file each: signature and checks, reference, fake impl, custom op."""
+"""The abstract ops, one file each: signature and checks, reference, fake impl, conformance cases, and
+one ``define_op`` call (``xbackend._opspec``) that registers the rest. A new op is a file here and an
+entry in ``OPS``."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, contiguous, register_reference_autograd
+from .._opspec import define_op
 from . import _cases as C
 
 NAME = "gated_residual"
@@ -38,33 +38,16 @@ def reference(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torc
     return x + update * gate
 
 
-# -- key and planning example --------------------------------------------------------------------
-def key(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> tuple[Any, ...]:
-    # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
-    return (NAME, x.shape, x.stride(), x.dtype, x.device, update.shape, update.stride(), update.dtype, update.device,
-            gate.shape, gate.stride(), gate.dtype, gate.device)
-
-
+# -- planning example and fake impl ---------------------------------------------------------------
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     x = torch.empty(1, 32640, 4096, dtype=dtype, device=device)
     return (x, torch.empty_like(x), torch.empty(1, 1, 4096, dtype=dtype, device=device))
 
 
-# -- custom op -----------------------------------------------------------------------------------
-@torch.library.custom_op("xbackend::gated_residual", mutates_args=())
-def gated_residual_op(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    from .._runtime import dispatch
-
-    return contiguous(dispatch(SPEC, (x, update, gate)))  # the layout the fake impl promises
-
-
-@gated_residual_op.register_fake
-def _fake(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+def fake(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     check(x, update, gate)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-
-register_reference_autograd(gated_residual_op, reference, (0, 1, 2))
 
 # -- conformance cases ---------------------------------------------------------------------------
 def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
@@ -96,17 +79,6 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         out.append(C.Case("offset past 2**31", (C.big_offset(xs), r(2, 4096, seed=1), r(4096, seed=2))))
     return out
 
-SPEC = OpSpec(
-    name=NAME,
-    bind=bind,
-    check=check,
-    reference=reference,
-    key=key,
-    example=example,
-    custom_op=gated_residual_op,
-    fake=_fake,
-    positional_arity=3,
-    tensor_args=(0, 1, 2),
-    signature="gated_residual(x, update, gate)",
-    cases=cases,
-)
+
+SPEC = define_op(NAME, bind=bind, check=check, reference=reference, fake=fake, example=example, cases=cases)
+gated_residual_op = SPEC.custom_op  # xbackend::gated_residual

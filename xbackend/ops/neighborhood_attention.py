@@ -22,12 +22,12 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, contiguous, register_reference_autograd, tensor_sig
+from .._opspec import define_op
 from .._precision import Precision, compare
 from . import _cases as C
 
 NAME = "neighborhood_attention"
-# The bar every impl is held to against the fp32 reference (bf16 inputs): issue 4.
+# The relative Frobenius-norm error (bf16 inputs, against the fp32 reference) every impl is held to.
 REL_FRO_BOUND = 0.005
 # Largest gathered K/V chunk the reference materialises, in elements (fp32): 256 MiB.
 _REFERENCE_CHUNK_ELEMS = 1 << 26
@@ -228,48 +228,17 @@ def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> st
     return compare(got, ref.to(out.dtype), precision)
 
 
-# -- key and planning example --------------------------------------------------------------------
-def key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: Any, dilation: Any, is_causal: Any, scale: Any) -> tuple[Any, ...]:
-    # Each non-tensor value with its type tag: (3, 3) == (3.0, 3.0) and (1, 0) == (True, False), but
-    # check() accepts one of each pair only. The same tags as the C++ key's, so the two forms agree.
-    return (NAME, tensor_sig(q), tensor_sig(k), tensor_sig(v), kernel_size, _tag(kernel_size), dilation, _tag(dilation),
-            is_causal, _tag(is_causal), scale, type(scale))
-
-
-def _tag(value: Any) -> Any:
-    """The type tag of one non-tensor key item: its type, or for a tuple its elements' types
-    (xbackend/_fastkey.cpp ``type_tag``)."""
-    return tuple(map(type, value)) if type(value) is tuple else type(value)
-
-
+# -- planning example and fake impl ---------------------------------------------------------------
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     q = torch.empty(1, 40, 96, 96, 4, 64, dtype=dtype, device=device)
     return (q, q, q, (11, 11, 11), (1, 1, 1), (False, False, False), None)
 
 
-# -- custom op -----------------------------------------------------------------------------------
-@torch.library.custom_op("xbackend::neighborhood_attention", mutates_args=())
-def neighborhood_attention_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kernel_size: list[int],
-    dilation: list[int],
-    is_causal: list[bool],
-    scale: float | None,
-) -> torch.Tensor:
-    from .._runtime import dispatch
-
-    return contiguous(dispatch(SPEC, (q, k, v, tuple(kernel_size), tuple(dilation), tuple(is_causal), scale)))  # the layout the fake impl promises
-
-
-@neighborhood_attention_op.register_fake
-def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: list[int], dilation: list[int], is_causal: list[bool], scale: float | None) -> torch.Tensor:
-    check(q, k, v, tuple(kernel_size), tuple(dilation), tuple(is_causal), scale)
+def fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tuple[int, ...], dilation: tuple[int, ...],
+         is_causal: tuple[bool, ...], scale: float | None) -> torch.Tensor:  # fmt: skip
+    check(q, k, v, kernel_size, dilation, is_causal, scale)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
-
-register_reference_autograd(neighborhood_attention_op, reference, (0, 1, 2))
 
 # -- conformance cases ---------------------------------------------------------------------------
 def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
@@ -288,18 +257,7 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         C.Case("head_dim 128", (*qkv(1, 8, 8, 1, 128), (3, 3), (1, 1), (False, False), None)),
     ]
 
-SPEC = OpSpec(
-    name=NAME,
-    bind=bind,
-    check=check,
-    reference=reference,
-    key=key,
-    example=example,
-    custom_op=neighborhood_attention_op,
-    fake=_fake,
-    tensor_args=(0, 1, 2),
-    signature="neighborhood_attention(q, k, v, kernel_size, dilation=1, is_causal=False, scale=None)",
-    tolerant=True,
-    verify=verify,
-    cases=cases,
-)
+
+SPEC = define_op(NAME, bind=bind, check=check, reference=reference, fake=fake, example=example, cases=cases,
+                 verify=verify, tolerant=True, normalizes=True)
+neighborhood_attention_op = SPEC.custom_op  # xbackend::neighborhood_attention

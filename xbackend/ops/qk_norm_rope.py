@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, contiguous, register_reference_autograd
+from .._opspec import define_op
 from . import _cases as C
 from . import rmsnorm as _rmsnorm
 from . import rotary_embedding as _rotary
@@ -76,19 +76,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k
             _rotary.reference(_rmsnorm.reference(k, k_weight, eps, flavour), cos, sin, layout))  # fmt: skip
 
 
-# -- key and planning example --------------------------------------------------------------------
-def key(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-        cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str, layout: str) -> tuple[Any, ...]:  # fmt: skip
-    # Flat, no helper calls: this runs on every call (the C++ key replaces it where built).
-    # Every non-tensor value comes with its type (1.0 == True, but check() accepts one of them only),
-    # as in the C++ key: a cached key then implies check() passed for these very argument types.
-    wq = None if q_weight is None else (q_weight.shape, q_weight.stride(), q_weight.dtype, q_weight.device)
-    wk = None if k_weight is None else (k_weight.shape, k_weight.stride(), k_weight.dtype, k_weight.device)
-    return (NAME, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, wq, wk,
-            cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
-            eps, type(eps), flavour, type(flavour), layout, type(layout))  # fmt: skip
-
-
+# -- planning example and fake impl ---------------------------------------------------------------
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     q = torch.empty(1, 32640, 4096, dtype=dtype, device=device)
     w = torch.empty(4096, dtype=dtype, device=device)
@@ -96,27 +84,13 @@ def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     return (q, q, w, w, freqs, freqs, 1e-6, "torch", "interleaved")
 
 
-# -- custom op -----------------------------------------------------------------------------------
-@torch.library.custom_op("xbackend::qk_norm_rope", mutates_args=())
-def qk_norm_rope_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                    cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str,
-                    layout: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    from .._runtime import dispatch
-
-    q_out, k_out = contiguous(dispatch(SPEC, (q, k, q_weight, k_weight, cos, sin, eps, flavour, layout)))
-    return q_out, k_out
-
-
-@qk_norm_rope_op.register_fake
-def _fake(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-          cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str,
-          layout: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def fake(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+         cos: torch.Tensor, sin: torch.Tensor, eps: float, flavour: str,
+         layout: str) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     check(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format))  # fmt: skip
 
-
-register_reference_autograd(qk_norm_rope_op, reference, (0, 1, 2, 3, 4, 5))
 
 # -- conformance cases ---------------------------------------------------------------------------
 def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
@@ -144,17 +118,6 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         ]
     return out
 
-SPEC = OpSpec(
-    name=NAME,
-    bind=bind,
-    check=check,
-    reference=reference,
-    key=key,
-    example=example,
-    custom_op=qk_norm_rope_op,
-    fake=_fake,
-    positional_arity=9,
-    tensor_args=(0, 1, 2, 3, 4, 5),
-    signature='qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", layout="interleaved")',
-    cases=cases,
-)
+
+SPEC = define_op(NAME, bind=bind, check=check, reference=reference, fake=fake, example=example, cases=cases)
+qk_norm_rope_op = SPEC.custom_op  # xbackend::qk_norm_rope

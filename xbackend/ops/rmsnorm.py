@@ -1,6 +1,6 @@
 """rmsnorm(x, weight=None, eps=1e-6, flavour="torch") — RMS normalization over the last dim.
 
-Two flavours exist in the wild and models depend on their exact rounding (design.md §3):
+Two flavours exist in the wild and models depend on their exact rounding:
 ``torch`` is ``F.rms_norm`` (fp32 accumulate, one rounding of ``x*rstd*w``); ``diffusers`` is
 diffusers' ``RMSNorm.forward`` (fp32 statistics, round to the weight dtype, then a second rounding
 after ``*w``).
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _checks as chk
-from .._opspec import OpSpec, contiguous, register_reference_autograd
+from .._opspec import define_op
 from . import _cases as C
 
 NAME = "rmsnorm"
@@ -59,37 +59,16 @@ def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour:
     return h * weight
 
 
-# -- key and planning example --------------------------------------------------------------------
-def key(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
-    # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
-    # Every non-tensor value comes with its type (1.0 == True, but check() accepts one of them only),
-    # as in the C++ key: a cached key then implies check() passed for these very argument types.
-    if weight is None:
-        return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, type(eps), flavour, type(flavour))
-    return (NAME, x.shape, x.stride(), x.dtype, x.device, eps, type(eps), flavour, type(flavour),
-            weight.shape, weight.stride(), weight.dtype, weight.device)
-
-
+# -- planning example and fake impl ---------------------------------------------------------------
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     x = torch.empty(1, 4096, 3072, dtype=dtype, device=device)
     return (x, torch.empty(3072, dtype=dtype, device=device), 1e-6, "torch")
 
 
-# -- custom op (one opaque node for torch.compile) -------------------------------------------------
-@torch.library.custom_op("xbackend::rmsnorm", mutates_args=())
-def rmsnorm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
-    from .._runtime import dispatch
-
-    return contiguous(dispatch(SPEC, (x, weight, eps, flavour)))  # the layout the fake impl promises
-
-
-@rmsnorm_op.register_fake
-def _fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+def fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
     check(x, weight, eps, flavour)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-
-register_reference_autograd(rmsnorm_op, reference, (0, 1))
 
 # -- conformance cases ---------------------------------------------------------------------------
 def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
@@ -119,17 +98,6 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
             out.append(C.Case(f"{f}/offset past 2**31", (C.big_offset(r(2, 4096)), r(4096, seed=1), 1e-6, f)))
     return out
 
-SPEC = OpSpec(
-    name=NAME,
-    bind=bind,
-    check=check,
-    reference=reference,
-    key=key,
-    example=example,
-    custom_op=rmsnorm_op,
-    fake=_fake,
-    positional_arity=4,
-    tensor_args=(0, 1),
-    signature='rmsnorm(x, weight=None, eps=1e-6, flavour="torch")',
-    cases=cases,
-)
+
+SPEC = define_op(NAME, bind=bind, check=check, reference=reference, fake=fake, example=example, cases=cases)
+rmsnorm_op = SPEC.custom_op  # xbackend::rmsnorm

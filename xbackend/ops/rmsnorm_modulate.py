@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, contiguous, register_reference_autograd
+from .._opspec import define_op
 from . import _cases as C
 from . import rmsnorm as _rmsnorm
 
@@ -44,41 +44,17 @@ def reference(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight:
     return _rmsnorm.reference(x, weight, eps, flavour) * (1 + scale) + shift
 
 
-# -- key and planning example --------------------------------------------------------------------
-def key(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> tuple[Any, ...]:
-    # Flat, no helper calls: this runs on every call and is most of dispatch's host cost.
-    # Every non-tensor value comes with its type (1.0 == True, but check() accepts one of them only),
-    # as in the C++ key: a cached key then implies check() passed for these very argument types.
-    head = (NAME, x.shape, x.stride(), x.dtype, x.device, scale.shape, scale.stride(), scale.dtype, scale.device,
-            shift.shape, shift.stride(), shift.dtype, shift.device, eps, type(eps), flavour, type(flavour))
-    if weight is None:
-        return head
-    return (*head, weight.shape, weight.stride(), weight.dtype, weight.device)
-
-
+# -- planning example and fake impl ---------------------------------------------------------------
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     x = torch.empty(1, 4096, 3072, dtype=dtype, device=device)
     mod = torch.empty(1, 1, 3072, dtype=dtype, device=device)
     return (x, mod, mod, None, 1e-6, "diffusers")
 
 
-# -- custom op -----------------------------------------------------------------------------------
-@torch.library.custom_op("xbackend::rmsnorm_modulate", mutates_args=())
-def rmsnorm_modulate_op(
-    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str
-) -> torch.Tensor:
-    from .._runtime import dispatch
-
-    return contiguous(dispatch(SPEC, (x, scale, shift, weight, eps, flavour)))  # the layout the fake impl promises
-
-
-@rmsnorm_modulate_op.register_fake
-def _fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
+def fake(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> torch.Tensor:
     check(x, scale, shift, weight, eps, flavour)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-
-register_reference_autograd(rmsnorm_modulate_op, reference, (0, 1, 2, 3))
 
 # -- conformance cases ---------------------------------------------------------------------------
 def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
@@ -109,17 +85,6 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         out.append(C.Case("torch/offset past 2**31", (C.big_offset(xs), r(4096, seed=1), r(4096, seed=2), None, 1e-6, "torch")))
     return out
 
-SPEC = OpSpec(
-    name=NAME,
-    bind=bind,
-    check=check,
-    reference=reference,
-    key=key,
-    example=example,
-    custom_op=rmsnorm_modulate_op,
-    fake=_fake,
-    positional_arity=6,
-    tensor_args=(0, 1, 2, 3),
-    signature='rmsnorm_modulate(x, scale, shift, weight=None, eps=1e-6, flavour="torch")',
-    cases=cases,
-)
+
+SPEC = define_op(NAME, bind=bind, check=check, reference=reference, fake=fake, example=example, cases=cases)
+rmsnorm_modulate_op = SPEC.custom_op  # xbackend::rmsnorm_modulate

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .. import _checks as chk
-from .._opspec import OpSpec, contiguous, register_reference_autograd
+from .._opspec import define_op
 from . import _cases as C
 
 NAME = "rotary_embedding"
@@ -91,35 +91,17 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
     return _interleaved(x, cos, sin) if layout == "interleaved" else _split(x, cos, sin)
 
 
-# -- key and planning example --------------------------------------------------------------------
-def key(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[Any, ...]:
-    # Flat, no helper calls: this runs on every call (the C++ key replaces it where built). layout comes
-    # with its type, as every non-tensor value of every key does (the C++ key's rule).
-    return (NAME, x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, cos.device,
-            sin.shape, sin.stride(), sin.dtype, sin.device, layout, type(layout))
-
-
+# -- planning example and fake impl ---------------------------------------------------------------
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     x = torch.empty(1, 32640, 4096, dtype=dtype, device=device)
     freqs = torch.empty(1, 32640, 4096, dtype=torch.float32, device=device)
     return (x, freqs, freqs, "interleaved")
 
 
-# -- custom op -----------------------------------------------------------------------------------
-@torch.library.custom_op("xbackend::rotary_embedding", mutates_args=())
-def rotary_embedding_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    from .._runtime import dispatch
-
-    return contiguous(dispatch(SPEC, (x, cos, sin, layout)))  # the layout the fake impl promises
-
-
-@rotary_embedding_op.register_fake
-def _fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+def fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
     check(x, cos, sin, layout)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-
-register_reference_autograd(rotary_embedding_op, reference, (0, 1, 2))
 
 # -- conformance cases ---------------------------------------------------------------------------
 def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C.Case]:
@@ -149,17 +131,6 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
                                                           r(2, 4096, seed=2, dt=f32), "interleaved")))
     return out
 
-SPEC = OpSpec(
-    name=NAME,
-    bind=bind,
-    check=check,
-    reference=reference,
-    key=key,
-    example=example,
-    custom_op=rotary_embedding_op,
-    fake=_fake,
-    positional_arity=4,
-    tensor_args=(0, 1, 2),
-    signature='rotary_embedding(x, cos, sin, layout="interleaved")',
-    cases=cases,
-)
+
+SPEC = define_op(NAME, bind=bind, check=check, reference=reference, fake=fake, example=example, cases=cases)
+rotary_embedding_op = SPEC.custom_op  # xbackend::rotary_embedding
