@@ -400,3 +400,12 @@ def test_help_shows_the_ops_own_doc_and_signature() -> None:
     op = xbackend.get_op("rotary_embedding")
     assert str(inspect.signature(op)) == "(x: 'torch.Tensor', cos: 'torch.Tensor', sin: 'torch.Tensor', layout: 'str' = 'interleaved')"
     assert type(op).__doc__.startswith("rotary_embedding(x, cos, sin")
+
+
+def test_tolerance_contract_with_nan_and_inf_in_the_reference() -> None:
+    from xbackend._precision import compare
+
+    ref = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
+    assert compare(ref.clone(), ref, xbackend.tolerance(1e-3)) is None
+    assert "NaN" in compare(torch.tensor([1.0, 1.0, float("inf"), 2.0]), ref, xbackend.tolerance(1e-3))
+    assert "relative Frobenius" in compare(torch.tensor([1.0, float("nan"), float("inf"), 3.0]), ref, xbackend.tolerance(1e-3))

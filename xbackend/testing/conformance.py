@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .._guard import isolated_call
-from .._precision import EXACT, compare
+from .._precision import EXACT, QUALITY_TIERS, admits, compare
 from .._registry import Impl
 from .._runtime import Runtime
 from ..ops import OPS
@@ -166,11 +166,12 @@ def _op_checks(rt: Runtime, impl: Impl, spec: Any, args: tuple[Any, ...]) -> Ite
     """opcheck and a fullgraph compile of the op with ``impl`` forced, in ``rt``."""
     from .. import _runtime
     from .._api import get_op
-    from .._policy import use
+    from .._policy import quality, use
 
+    tier = next((t for t in QUALITY_TIERS if admits(t, impl.precision, spec.tolerant)), "fast")
     previous = _runtime.set_runtime(rt)
     try:
-        with use(**{spec.name: impl.qualname}):
+        with quality(tier), use(**{spec.name: impl.qualname}):
             try:
                 torch.library.opcheck(spec.custom_op, args, test_utils=("test_schema", "test_faketensor",
                                                                         "test_autograd_registration"))
