@@ -120,3 +120,13 @@ def test_every_op_brings_its_cases() -> None:
 
 
 test_conformance_of_a_reference_copy = conformance.suite(plugin(copy=("gated_residual", gr.reference, {})))
+
+
+def test_runtime_fixture_with_plugins(xbackend_runtime_with) -> None:
+    rt = xbackend_runtime_with("cuda", plugin(copy=("gated_residual", gr.reference, {})))
+    assert {"cuda", "suspect"} <= set(rt.plugins)
+    assert xbackend.runtime() is rt
+    from xbackend.testing import assert_no_graph_break
+    from xbackend.testing import conformance as c
+
+    assert c is conformance and callable(assert_no_graph_break)

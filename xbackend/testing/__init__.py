@@ -1,7 +1,16 @@
-"""A test kit for xbackend plugins: fresh runtimes and a conformance check of an impl against its
-op's reference.
+"""A test kit for xbackend plugins.
 
-    from xbackend.testing import fresh_runtime, check_impl
+- ``conformance.suite("myplugin")``: the whole conformance suite as one parametrized test (also
+  ``pytest --xbackend-conformance=myplugin``); see :mod:`xbackend.testing.conformance`.
+- ``fresh_runtime(plugins=[("mine", my_plugin)])``: a new runtime (plugin manager, registry, caches)
+  as the process runtime for a ``with`` block; no entry point loads unless named.
+- ``check_impl(rt, op, impl_name, cases)``: an impl against its op's reference on your own cases.
+- ``assert_no_graph_break(fn, *args)``: ``torch.compile(fullgraph=True)`` over ``fn`` and one call.
+- pytest fixtures (registered by ``pip install xbackend``): ``xbackend_runtime`` (references only),
+  ``xbackend_runtime_with(plugins)`` (a factory for a fresh runtime with the named plugins), and the
+  ``gpu`` marker, which skips where torch sees no GPU.
+
+    from xbackend.testing import check_impl, fresh_runtime
 
     def test_my_kernel():
         with fresh_runtime(plugins=[("mine", my_plugin)]) as rt:
@@ -20,7 +29,7 @@ from .._precision import Output
 from .._registry import Impl
 from .._runtime import Runtime, set_runtime
 
-__all__ = ["check_impl", "fresh_runtime"]
+__all__ = ["assert_no_graph_break", "check_impl", "conformance", "fresh_runtime"]
 
 
 @contextlib.contextmanager
@@ -74,3 +83,11 @@ def _describe(args: tuple[Any, ...]) -> str:
 def assert_no_graph_break(fn: Any, *args: Any) -> Output:
     """Compile ``fn`` with ``fullgraph=True`` (raises on any graph break) and run it once."""
     return torch.compile(fn, fullgraph=True, backend="eager")(*args)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "conformance":  # imported on first use
+        import importlib
+
+        return importlib.import_module(f"{__name__}.conformance")
+    raise AttributeError(name)

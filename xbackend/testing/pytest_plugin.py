@@ -6,7 +6,8 @@ installed plugin NAME, running the conformance suite (``xbackend.testing.conform
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -69,3 +70,19 @@ def xbackend_runtime() -> Iterator[Runtime]:
     """A fresh runtime with no plugins: only the references run."""
     with fresh_runtime() as rt:
         yield rt
+
+
+@pytest.fixture
+def xbackend_runtime_with() -> Iterator[Callable[..., Runtime]]:
+    """A factory: ``xbackend_runtime_with("cuda", ("mine", plugin))`` installs a fresh runtime with
+    those plugins (installed entry-point names or ``(name, object)`` pairs) for the rest of the test."""
+    stack = contextlib.ExitStack()
+
+    def make(*plugins: str | tuple[str, object]) -> Runtime:
+        from .conformance import plugin_object
+
+        stack.close()
+        return stack.enter_context(fresh_runtime([plugin_object(p) for p in plugins]))
+
+    with stack:
+        yield make
