@@ -6,21 +6,26 @@ names its arch through ``gcnArchName`` ("gfx942:sramecc+:xnack-").
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import platform
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-__all__ = ["BUILTIN_FLEET", "SIMULATED_TARGETS", "TARGET_ALIASES", "Device", "DeviceSpec", "probe", "probed_target", "simulated"]
+__all__ = ["BUILTIN_FAMILIES", "BUILTIN_FLEET", "DEVICES_GRAMMAR", "SIMULATED_TARGETS", "TARGET_ALIASES", "Device",
+           "DeviceFamily", "DeviceSpec", "arch_key", "device_families", "families", "probe", "probed_target", "simulated"]
 
 
 @dataclass(frozen=True)
 class Device:
     """What a resolver needs to know about one device."""
 
-    vendor: str  # "cuda" | "rocm" | "cpu" (or another torch device type)
+    vendor: str  # "cuda" | "rocm" | "cpu", a plugin family's vendor, or another torch device type
     arch: str  # "sm90", "sm100", "gfx942", "cpu", ...
     name: str = ""
     index: int | None = None
@@ -32,12 +37,102 @@ class Device:
         return f"{self.arch} ({self.name or where}{tag})"
 
 
-def arch_key(arch: str) -> tuple[str, int]:
+@dataclass(frozen=True)
+class DeviceFamily:
+    """One vendor's arches in the devices grammar: what ``Impl.devices`` may name and how ranges order.
+
+    ``vendor`` is the grammar's vendor word and ``Device.vendor`` of its devices; ``arch_pattern`` a
+    regex one arch name matches in full; ``order_key`` maps an arch to what ranges compare (``lo..hi``
+    holds the arches with ``order_key(lo) <= order_key(arch) <= order_key(hi)``), by default the arch's
+    first run of digits as an int. ``spelling`` and ``examples`` name the arches in error messages
+    ("smNN such as sm90, sm100"); a family whose only arch is its vendor word (cpu) has no spelling.
+    The builtin families are ``BUILTIN_FAMILIES``; a plugin adds its own through the
+    ``xbackend_device_families`` hook.
+    """
+
+    vendor: str
+    arch_pattern: str
+    order_key: Callable[[str], Any] | None = None
+    spelling: str = ""
+    examples: tuple[str, ...] = ()
+
+    def has(self, arch: str) -> bool:
+        return re.fullmatch(self.arch_pattern, arch) is not None
+
+    def order(self, arch: str) -> Any:
+        if self.order_key is not None:
+            return self.order_key(arch)
+        digits = re.search(r"\d+", arch)
+        return int(digits.group()) if digits else 0
+
+    def describe(self) -> str:
+        return f"{self.spelling} such as {', '.join(self.examples)}" if self.spelling else ""
+
+
+def _gfx_order(arch: str) -> int:
+    return int(arch[3:], 16)  # gfx90a < gfx942 < gfx950
+
+
+BUILTIN_FAMILIES = (
+    DeviceFamily("cuda", r"sm_?\d+[a-z]?", None, "smNN", ("sm90", "sm100", "sm103")),  # sm90a orders as sm90
+    DeviceFamily("rocm", r"gfx[0-9a-f]+", _gfx_order, "gfxNNN", ("gfx942", "gfx950")),
+    DeviceFamily("cpu", r"cpu"),
+)
+# Families plugins declared, while the runtime that loaded them registers its impls (``device_families``).
+_EXTRA_FAMILIES: contextvars.ContextVar[tuple[DeviceFamily, ...]] = contextvars.ContextVar("xbackend_device_families",
+                                                                                         default=())
+
+
+def families() -> tuple[DeviceFamily, ...]:
+    """The families the devices grammar knows here: the builtin ones, then any ``device_families`` added."""
+    return BUILTIN_FAMILIES + _EXTRA_FAMILIES.get()
+
+
+@contextlib.contextmanager
+def device_families(extra: tuple[DeviceFamily, ...]) -> Iterator[None]:
+    """Parse devices with ``extra`` families too, within the block (the runtime wraps its plugins'
+    registrations in it; a spec keeps the family it was parsed with, so matching needs no context)."""
+    token = _EXTRA_FAMILIES.set(_EXTRA_FAMILIES.get() + tuple(extra))
+    try:
+        yield
+    finally:
+        _EXTRA_FAMILIES.reset(token)
+
+
+def family_problem(family: object, known: tuple[DeviceFamily, ...]) -> str | None:
+    """Why a plugin's ``family`` cannot join ``known`` (None when it can): a family must have its own
+    vendor word and arch names that no other family's pattern takes."""
+    if not isinstance(family, DeviceFamily):
+        return f"expected an xbackend DeviceFamily, got {type(family).__name__}"
+    if not (isinstance(family.vendor, str) and re.fullmatch(r"[a-z][a-z0-9_]*", family.vendor)):
+        return f"vendor expected a lower-case name such as 'xpu', got {family.vendor!r}"
+    try:
+        re.compile(family.arch_pattern)
+    except (re.error, TypeError) as e:
+        return f"arch_pattern {family.arch_pattern!r} is not a regex: {e}"
+    for other in known:
+        if other.vendor == family.vendor:
+            return f"vendor {family.vendor!r} already has a device family"
+        taken = [a for a in (*other.examples, other.vendor) if family.has(a)]
+        taken += [a for a in (*family.examples, family.vendor) if other.has(a)]
+        if taken:
+            return f"arch {taken[0]!r} would belong to both {family.vendor!r} and {other.vendor!r}"
+    bad = [a for a in family.examples if not family.has(a)]
+    if bad:
+        return f"example {bad[0]!r} does not match arch_pattern {family.arch_pattern!r}"
+    try:
+        for a in family.examples:
+            hash(family.order(a))
+    except Exception as e:
+        return f"order_key failed on {a!r}: {type(e).__name__}: {e}"
+    return None
+
+
+def arch_key(arch: str) -> tuple[str, Any]:
     """Order arches within a vendor: sm90 < sm100 < sm103 < sm120; gfx90a < gfx942 < gfx950."""
-    if m := re.fullmatch(r"sm_?(\d+)[a-z]?", arch):
-        return ("sm", int(m.group(1)))
-    if m := re.fullmatch(r"gfx([0-9a-f]+)", arch):
-        return ("gfx", int(m.group(1), 16))
+    for family in families():
+        if family.has(arch):
+            return (family.vendor, family.order(arch))
     return (arch, 0)
 
 
@@ -45,37 +140,46 @@ def arch_key(arch: str) -> tuple[str, int]:
 class DeviceSpec:
     """One entry of an impl's device constraint, parsed from a string.
 
-    ``"*"`` any device; ``"cuda"``/``"rocm"``/``"cpu"`` any arch of a vendor; ``"sm90"`` one arch;
-    ``"sm90..sm103"`` an inclusive range; ``"sm90.."`` open above; ``"gfx942,gfx950"`` is two specs.
+    ``"*"`` any device; ``"cuda"``/``"rocm"``/``"cpu"`` (or a plugin family's vendor) any arch of a
+    vendor; ``"sm90"`` one arch; ``"sm90..sm103"`` an inclusive range; ``"sm90.."`` open above;
+    ``"gfx942,gfx950"`` is two specs.
     """
 
     vendor: str | None  # None: any vendor
     lo: str | None = None
     hi: str | None = None
+    family: DeviceFamily | None = field(default=None, compare=False, repr=False)  # the arches' family
 
     @classmethod
     def parse(cls, text: str) -> tuple[DeviceSpec, ...]:
+        known = families()
+        vendors = {f.vendor for f in known}
         specs = []
         for part in (p.strip() for p in text.split(",")):
             if part == "*":
                 specs.append(cls(None))
-            elif part in ("cuda", "rocm", "cpu"):
+            elif part in vendors:
                 specs.append(cls(part))
             else:
                 lo, sep, hi = part.partition("..")
-                vendor = _vendor_of(lo, text)
-                if hi and _vendor_of(hi, text) != vendor:
+                family = _family_of(lo, text, known)
+                if hi and _family_of(hi, text, known) is not family:
                     raise ValueError(f"device spec {text!r}: range {part!r} mixes vendors")
-                specs.append(cls(vendor, lo, (hi or None) if sep else lo))
+                specs.append(cls(family.vendor, lo, (hi or None) if sep else lo, family))
         return tuple(specs)
 
     def matches(self, device: Device) -> bool:
         if self.vendor is not None and self.vendor != device.vendor:
             return False
-        key = arch_key(device.arch)
-        if self.lo is not None and (key[0] != arch_key(self.lo)[0] or key < arch_key(self.lo)):
+        if self.lo is None:
+            return True
+        family = self.family
+        if family is None or not family.has(device.arch):
             return False
-        return self.hi is None or key <= arch_key(self.hi)
+        key = family.order(device.arch)
+        if key < family.order(self.lo):
+            return False
+        return self.hi is None or key <= family.order(self.hi)
 
     def __str__(self) -> str:
         if self.vendor is None:
@@ -85,23 +189,29 @@ class DeviceSpec:
         return self.lo if self.lo == self.hi else f"{self.lo}..{self.hi or ''}"
 
 
+def devices_grammar(known: tuple[DeviceFamily, ...] = BUILTIN_FAMILIES) -> str:
+    """The devices grammar of Impl.devices over ``known`` families, for messages."""
+    vendors = " | ".join(f'"{f.vendor}"' for f in known)
+    arches = ", or ".join(d for d in (f.describe() for f in known) if d)
+    return f'"*" | {vendors} | ARCH | ARCH".."ARCH | ARCH".." (comma-separated; ARCH: {arches})'
+
+
 # The devices grammar of Impl.devices, per comma-separated part: "*", a vendor, an arch, or an inclusive
 # arch range "lo..hi" / open "lo.." within one vendor.
-DEVICES_GRAMMAR = ('"*" | "cuda" | "rocm" | "cpu" | ARCH | ARCH".."ARCH | ARCH".." (comma-separated; '
-                   'ARCH: smNN such as sm90, sm100, sm103, or gfxNNN such as gfx942, gfx950)')
-_ARCH_VENDORS = ((re.compile(r"sm_?\d+[a-z]?"), "cuda"), (re.compile(r"gfx[0-9a-f]+"), "rocm"), (re.compile(r"cpu"), "cpu"))
+DEVICES_GRAMMAR = devices_grammar()
 
 
-def _vendor_of(arch: str, text: str | None = None) -> str:
-    for pattern, vendor in _ARCH_VENDORS:
-        if pattern.fullmatch(arch):
-            return vendor
+def _family_of(arch: str, text: str | None = None, known: tuple[DeviceFamily, ...] | None = None) -> DeviceFamily:
+    known = families() if known is None else known
+    for family in known:
+        if family.has(arch):
+            return family
     where = f"device spec {text!r}: " if text is not None else ""
     hint = ""
     lo, dash, hi = arch.partition("-")
-    if dash and all(any(p.fullmatch(a) for p, _ in _ARCH_VENDORS) for a in (lo, hi)):
+    if dash and all(any(f.has(a) for f in known) for a in (lo, hi)):
         hint = f"; a range is written {lo}..{hi}"
-    raise ValueError(f"{where}unknown arch {arch!r}{hint}; expected {DEVICES_GRAMMAR}")
+    raise ValueError(f"{where}unknown arch {arch!r}{hint}; expected {devices_grammar(known)}")
 
 
 SIMULATED_TARGETS: dict[str, Device] = {

@@ -1,4 +1,5 @@
-"""The runtime: plugins, registry, per-key dispatch cache, the guard's bookkeeping, and reports.
+"""The runtime: registry, per-key dispatch cache, the guard's bookkeeping, and reports (plugin loading
+is ``_plugins``; the guard's isolated call, ``_guard``).
 
 Hot path (``dispatch``): build the runtime key from shapes/strides/dtypes/devices (in C++ where
 ``_fastkey`` decided so), one dict lookup, call the verified impl. Everything else (checks, probing,
@@ -10,76 +11,43 @@ and every caller that saw it raise takes the next candidate; the reference's own
 from __future__ import annotations
 
 import collections
-import importlib.metadata
 import inspect
 import itertools
 import logging
-import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import pluggy
 import torch
 
-from . import _fastkey, hookspecs
-from ._device import Device, probe, simulated
+from . import _fastkey
+from ._device import Device, device_families, probe, simulated
 from ._guard import FallbackWarning, VerifyMode, isolated_call
 from ._opspec import OpSpec, describe_args
+from ._plugins import CORE, ENTRY_POINT_GROUP, RESERVED_PLUGINS, Plugins, PluginStatus, env_flag, env_list
 from ._policy import _POLICY, REFERENCE, Policy
 from ._precision import EXACT, Output
-from ._registry import Impl, Registrar, Registry
+from ._registry import Impl, Registry
 from ._resolver import Context, Decision, decide
 from .ops import OPS
 
+# The plugin names (CORE, ENTRY_POINT_GROUP, ...) are _plugins'; they stay importable from here.
+__all__ = ["CORE", "ENTRY_POINT_GROUP", "RESERVED_PLUGINS", "Event", "ImplUnusableError", "PluginStatus", "Runtime",
+           "current", "dispatch", "env_flag", "env_list", "runtime", "set_runtime"]
+
 log = logging.getLogger("xbackend")
 
-ENTRY_POINT_GROUP = "xbackend"
-CORE = "xbackend"
-# Plugin names that belong to this distribution: a third-party entry point named like one of them
-# would be taken for the builtin backend (or, for "xbackend", for the reference itself).
-RESERVED_PLUGINS = {CORE: None, REFERENCE: None, "cuda": "xbackend_cuda.plugin", "rocm": "xbackend_rocm.plugin"}
-_DISTRIBUTION = "xbackend"
 _MAX_KEYS = 4096  # per policy; shapes churn in some servers, so the cache must not grow unbounded
 _MAX_EVENTS = 4096  # report() keeps the latest events; the count of older ones is kept
 # A torch.OutOfMemoryError is retried once after emptying the allocator's cache; an impl is disabled
 # for a key only after this many calls ran out of memory in a row.
 OOM_STRIKES = 3
 _PRIORITY_FLOOR = -(2**31)  # the reference's priority: below anything a plugin can register
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
-
 
 class ImplUnusableError(RuntimeError):
     """A forced impl (``xbackend.use``) cannot take this call."""
-
-
-def _env_list(name: str) -> frozenset[str]:
-    return frozenset(p.strip() for p in os.environ.get(name, "").split(",") if p.strip())
-
-
-def env_flag(name: str, problems: list[str] | None = None) -> bool:
-    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case); unset is false."""
-    raw = os.environ.get(name, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value not in _FALSE:
-        message = f"{name}={raw!r} is not a boolean (1/true/yes/on or 0/false/no/off); taken as false"
-        log.warning("xbackend: %s", message)
-        if problems is not None:
-            problems.append(message)
-    return False
-
-
-@dataclass
-class PluginStatus:
-    name: str
-    source: str  # "entry point <value> (<distribution>)", "explicit"
-    error: str | None = None
-    impls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -124,26 +92,19 @@ class Runtime:
         autoload: bool | None = None,
         block: Iterable[str] | None = None,
     ) -> None:
-        self.pm = pluggy.PluginManager(CORE)
-        self.pm.add_hookspecs(hookspecs)
-        # Load-time problems (unknown names, refused plugins, bad environment values), one line each:
-        # logged once here, listed by ``xbackend info``, fatal under ``--strict``.
-        self.problems: list[str] = []
-        self.blocked = self._blocklist(block)
-        self.plugins: dict[str, PluginStatus] = {}
-        if autoload is None:
-            autoload = not env_flag("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", self.problems)
-        only = None if autoload else _env_list("XBACKEND_PLUGINS")
-        self._load_entry_points(only)
-        for plugin in plugins:
-            name, obj = plugin if isinstance(plugin, tuple) else (getattr(plugin, "__name__", repr(plugin)), plugin)
-            self._add_plugin(name, obj, "explicit")
+        loaded = Plugins(plugins, autoload=autoload, block=block)
+        self.pm, self.blocked, self.plugins = loaded.pm, loaded.blocked, loaded.status
+        # Load-time problems (unknown names, refused plugins, bad environment values), one line each.
+        self.problems: list[str] = loaded.problems
+        # Device families first: plugins' impls name their arches (Impl validates its devices when made).
+        self.families = loaded.device_families()
         self.registry = Registry(OPS)
-        self._register_all()
+        with device_families(self.families):
+            loaded.register_impls(self.registry)
         self._references = {name: Impl(op=name, name=REFERENCE, fn=spec.reference, priority=_PRIORITY_FLOOR,
                                        precision=EXACT, description="eager PyTorch reference", backend=CORE)
                             for name, spec in OPS.items()}
-        self._check_names(only)
+        loaded.check_names(self.registry)
         self._caches: dict[Policy, dict[Any, _Entry]] = {}
         self._lock = threading.Lock()
         self._devices: dict[tuple[str, int | None], Device] = {}
@@ -151,93 +112,6 @@ class Runtime:
         self._arg_names = {name: tuple(inspect.signature(spec.bind).parameters) for name, spec in OPS.items()}
         self.events: collections.deque[Event] = collections.deque(maxlen=_MAX_EVENTS)
         self.events_total = 0  # events ever recorded; the deque keeps the latest _MAX_EVENTS
-
-    # -- plugins ---------------------------------------------------------------------------------
-    def _blocklist(self, block: Iterable[str] | None) -> frozenset[str]:
-        names = frozenset(block) if block is not None else _env_list("XBACKEND_BLOCK")
-        protected = names & {CORE, REFERENCE, f"{CORE}:{REFERENCE}"}
-        if protected:
-            message = (f"cannot block {', '.join(sorted(protected))}: the reference is the fallback every impl is "
-                       f"proven against and always runs")
-            if block is not None:
-                raise ValueError(f"Runtime(block=...): {message}; remove it")
-            self._problem(f"XBACKEND_BLOCK: {message}; ignored")
-        return names - protected
-
-    def _problem(self, message: str) -> None:
-        self.problems.append(message)
-        log.warning("xbackend: %s", message)
-
-    def _check_names(self, only: frozenset[str] | None) -> None:
-        if only:
-            unknown = sorted(only - set(self.plugins))
-            if unknown:
-                self._problem(f"XBACKEND_PLUGINS names no installed plugin: {', '.join(unknown)} "
-                              f"(installed: {', '.join(self._entry_point_names()) or 'none'})")
-        known = set(self.plugins)
-        for op in self.registry.ops():
-            for impl in self.registry.impls(op):
-                known |= {impl.name, impl.qualname}
-        unknown = sorted(self.blocked - known)
-        if unknown:
-            self._problem(f"XBACKEND_BLOCK names no plugin or impl: {', '.join(unknown)}")
-
-    @staticmethod
-    def _entry_point_names() -> list[str]:
-        return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
-
-    def _load_entry_points(self, only: frozenset[str] | None) -> None:
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if (only is not None and ep.name not in only) or ep.name in self.plugins:
-                continue
-            dist = getattr(getattr(ep, "dist", None), "name", None) or "an unknown distribution"
-            source = f"entry point {ep.value} ({dist})"
-            refusal = _reserved_refusal(ep.name, ep.value, dist)
-            if refusal is not None:
-                self.plugins[ep.name] = PluginStatus(ep.name, source, refusal)
-                self._problem(f"plugin {ep.name!r} from {dist}: {refusal}")
-                continue
-            if ep.name in self.blocked:
-                self.plugins[ep.name] = PluginStatus(ep.name, source, "blocked by XBACKEND_BLOCK")
-                continue
-            try:
-                obj = ep.load()
-            except Exception as e:
-                self.plugins[ep.name] = PluginStatus(ep.name, source, f"import failed: {type(e).__name__}: {e}")
-                log.warning("xbackend: plugin %r failed to import and was skipped: %s: %s", ep.name, type(e).__name__, e)
-                continue
-            self._add_plugin(ep.name, obj, source)
-
-    def _add_plugin(self, name: str, obj: object, source: str) -> None:
-        if source == "explicit" and name in RESERVED_PLUGINS and (
-                RESERVED_PLUGINS[name] is None or getattr(obj, "__name__", None) != RESERVED_PLUGINS[name]):
-            raise ValueError(f"Runtime: plugin name {name!r} is reserved for xbackend's own "
-                             f"{'reference' if RESERVED_PLUGINS[name] is None else 'builtin backend'}; "
-                             f"register this plugin under another name")
-        if name in self.blocked:
-            self.plugins[name] = PluginStatus(name, source, "blocked by XBACKEND_BLOCK")
-            return
-        try:
-            self.pm.register(obj, name=name)
-        except Exception as e:
-            self.plugins[name] = PluginStatus(name, source, f"register failed: {type(e).__name__}: {e}")
-            return
-        self.plugins[name] = PluginStatus(name, source)
-
-    def _register_all(self) -> None:
-        for hookimpl in self.pm.hook.xbackend_register_impls.get_hookimpls():
-            name = hookimpl.plugin_name
-            registrar = Registrar(self.registry, name)
-            snapshot = self.registry.snapshot()
-            try:
-                hookimpl.function(*[{"registrar": registrar}[a] for a in hookimpl.argnames])
-            except Exception as e:
-                self.registry.restore(snapshot)
-                status = self.plugins.setdefault(name, PluginStatus(name, "explicit"))
-                status.error = f"registration failed: {type(e).__name__}: {e}"
-                log.warning("xbackend: plugin %r failed to register and was skipped: %s", name, status.error)
-                continue
-            self.plugins.setdefault(name, PluginStatus(name, "explicit")).impls = [f"{i.op}:{i.name}" for i in registrar.added]
 
     # -- devices ---------------------------------------------------------------------------------
     def device(self, where: torch.device | str | Device) -> Device:
@@ -508,17 +382,6 @@ class Runtime:
     def _event(self, spec: OpSpec, entry: _Entry, impl: Impl, status: str, detail: str = "") -> None:
         self.events.append(Event(spec.name, entry.described, impl.qualname, status, detail))
         self.events_total += 1
-
-
-def _reserved_refusal(name: str, value: str, dist: str) -> str | None:
-    """Why an entry point may not use ``name``, or None."""
-    if name not in RESERVED_PLUGINS:
-        return None
-    builtin = RESERVED_PLUGINS[name]
-    if builtin is not None and value == builtin and dist.lower().replace("_", "-") == _DISTRIBUTION:
-        return None
-    owner = "the reference" if builtin is None else "the builtin backend"
-    return f"refused: the plugin name {name!r} is reserved for {owner}; the package must use another entry-point name"
 
 
 def _one_line(error: BaseException) -> str:

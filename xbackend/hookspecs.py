@@ -8,18 +8,29 @@ spec's arguments, as in pluggy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:
     import torch
 
-    from ._device import Device
-    from ._registry import Registrar
-    from ._runtime import Runtime
+    from ._device import Device, DeviceFamily
+    from ._registry import Impl, Registrar
 
 hookspec = pluggy.HookspecMarker("xbackend")
+
+
+class RuntimeView(Protocol):
+    """What a hook may read of the runtime that calls it (``xbackend.Runtime`` is one). Declared here,
+    not imported, so this module depends on nothing that loads plugins."""
+
+    plugins: dict[str, Any]  # name -> status: source, error, impls
+    problems: list[str]
+
+    def candidates(self, op: str) -> list[Impl]: ...
+
+    def device(self, where: Any) -> Device: ...
 
 
 @hookspec
@@ -32,6 +43,20 @@ def xbackend_register_impls(registrar: Registrar) -> None:
     reusing an impl name for the same op, raises :class:`xbackend.RegistrationError`; the plugin is
     then reported as failed and none of its impls are kept. Keep this hook cheap: import heavy
     dependencies (triton, vendor libraries) inside ``fn`` or ``available``, not here.
+    """
+
+
+@hookspec
+def xbackend_device_families() -> list[DeviceFamily]:
+    """Device families this plugin adds to the devices grammar of ``Impl.devices``, e.g.
+    ``[DeviceFamily("xpu", r"xe\\d+", spelling="xeN", examples=("xe2", "xe3"))]``.
+
+    Collected before any plugin registers impls, so every plugin's ``xbackend_register_impls`` may
+    then name ``devices="xpu"``, ``"xe2"`` or ``"xe2.."``; the family is known while the runtime
+    registers impls (construct such ``Impl`` records in that hook, not at import). Pair it with
+    ``xbackend_simulated_targets`` (planning for the family's GPUs) and ``xbackend_probe_device`` (its
+    real devices, with ``Device.vendor`` the family's vendor). A family whose vendor or arch names
+    clash with a known one is a load-time problem and is left out.
     """
 
 
@@ -56,5 +81,5 @@ def xbackend_simulated_targets() -> dict[str, Device]:
 
 
 @hookspec
-def xbackend_report_header(runtime: Runtime) -> list[str] | None:
+def xbackend_report_header(runtime: RuntimeView) -> list[str] | None:
     """Lines this plugin adds to ``xbackend info`` (library versions, build caches, notes)."""

@@ -1,0 +1,202 @@
+"""Plugin loading: entry points and explicit plugins, reserved names, the blocklist, what each plugin
+declared (device families, impls) and the load-time problems, one line each.
+
+The runtime owns one :class:`Plugins`; ``xbackend info`` and ``xbackend.problems()`` show what it found.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pluggy
+
+from . import hookspecs
+from ._device import DeviceFamily, families, family_problem
+from ._policy import REFERENCE
+from ._registry import Registrar, Registry
+
+__all__ = ["CORE", "ENTRY_POINT_GROUP", "RESERVED_PLUGINS", "PluginStatus", "Plugins", "env_flag", "env_list"]
+
+log = logging.getLogger("xbackend")
+
+ENTRY_POINT_GROUP = "xbackend"
+CORE = "xbackend"
+# Plugin names that belong to this distribution: a third-party entry point named like one of them
+# would be taken for the builtin backend (or, for "xbackend", for the reference itself).
+RESERVED_PLUGINS = {CORE: None, REFERENCE: None, "cuda": "xbackend_cuda.plugin", "rocm": "xbackend_rocm.plugin"}
+_DISTRIBUTION = "xbackend"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def env_list(name: str) -> frozenset[str]:
+    """A comma-separated environment variable as a set of names."""
+    return frozenset(p.strip() for p in os.environ.get(name, "").split(",") if p.strip())
+
+
+def env_flag(name: str, problems: list[str] | None = None) -> bool:
+    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case); unset is false."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        message = f"{name}={raw!r} is not a boolean (1/true/yes/on or 0/false/no/off); taken as false"
+        log.warning("xbackend: %s", message)
+        if problems is not None:
+            problems.append(message)
+    return False
+
+
+@dataclass
+class PluginStatus:
+    name: str
+    source: str  # "entry point <value> (<distribution>)", "explicit"
+    error: str | None = None
+    impls: list[str] = field(default_factory=list)
+
+
+class Plugins:
+    """The plugin manager with every plugin loaded: entry points (all of them, or with ``autoload``
+    off those ``XBACKEND_PLUGINS`` names) and then ``explicit`` ones, less the blocked names."""
+
+    def __init__(self, explicit: Iterable[object | tuple[str, object]] = (), *, autoload: bool | None = None,
+                 block: Iterable[str] | None = None) -> None:
+        self.pm = pluggy.PluginManager(CORE)
+        self.pm.add_hookspecs(hookspecs)
+        # Load-time problems (unknown names, refused plugins, bad environment values), one line each:
+        # logged once here, listed by ``xbackend info``, fatal under ``--strict``.
+        self.problems: list[str] = []
+        self.blocked = self._blocklist(block)
+        self.status: dict[str, PluginStatus] = {}
+        if autoload is None:
+            autoload = not env_flag("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", self.problems)
+        self.only = None if autoload else env_list("XBACKEND_PLUGINS")
+        self._load_entry_points(self.only)
+        for plugin in explicit:
+            name, obj = plugin if isinstance(plugin, tuple) else (getattr(plugin, "__name__", repr(plugin)), plugin)
+            self._add_plugin(name, obj, "explicit")
+
+    def problem(self, message: str) -> None:
+        self.problems.append(message)
+        log.warning("xbackend: %s", message)
+
+    def _blocklist(self, block: Iterable[str] | None) -> frozenset[str]:
+        names = frozenset(block) if block is not None else env_list("XBACKEND_BLOCK")
+        protected = names & {CORE, REFERENCE, f"{CORE}:{REFERENCE}"}
+        if protected:
+            message = (f"cannot block {', '.join(sorted(protected))}: the reference is the fallback every impl is "
+                       f"proven against and always runs")
+            if block is not None:
+                raise ValueError(f"Runtime(block=...): {message}; remove it")
+            self.problem(f"XBACKEND_BLOCK: {message}; ignored")
+        return names - protected
+
+    @staticmethod
+    def entry_point_names() -> list[str]:
+        return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
+    def _load_entry_points(self, only: frozenset[str] | None) -> None:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if (only is not None and ep.name not in only) or ep.name in self.status:
+                continue
+            dist = getattr(getattr(ep, "dist", None), "name", None) or "an unknown distribution"
+            source = f"entry point {ep.value} ({dist})"
+            refusal = _reserved_refusal(ep.name, ep.value, dist)
+            if refusal is not None:
+                self.status[ep.name] = PluginStatus(ep.name, source, refusal)
+                self.problem(f"plugin {ep.name!r} from {dist}: {refusal}")
+                continue
+            if ep.name in self.blocked:
+                self.status[ep.name] = PluginStatus(ep.name, source, "blocked by XBACKEND_BLOCK")
+                continue
+            try:
+                obj = ep.load()
+            except Exception as e:
+                self.status[ep.name] = PluginStatus(ep.name, source, f"import failed: {type(e).__name__}: {e}")
+                log.warning("xbackend: plugin %r failed to import and was skipped: %s: %s", ep.name, type(e).__name__, e)
+                continue
+            self._add_plugin(ep.name, obj, source)
+
+    def _add_plugin(self, name: str, obj: object, source: str) -> None:
+        if source == "explicit" and name in RESERVED_PLUGINS and (
+                RESERVED_PLUGINS[name] is None or getattr(obj, "__name__", None) != RESERVED_PLUGINS[name]):
+            raise ValueError(f"Runtime: plugin name {name!r} is reserved for xbackend's own "
+                             f"{'reference' if RESERVED_PLUGINS[name] is None else 'builtin backend'}; "
+                             f"register this plugin under another name")
+        if name in self.blocked:
+            self.status[name] = PluginStatus(name, source, "blocked by XBACKEND_BLOCK")
+            return
+        try:
+            self.pm.register(obj, name=name)
+        except Exception as e:
+            self.status[name] = PluginStatus(name, source, f"register failed: {type(e).__name__}: {e}")
+            return
+        self.status[name] = PluginStatus(name, source)
+
+    def device_families(self) -> tuple[DeviceFamily, ...]:
+        """The device families the plugins declare (``xbackend_device_families``), in load order. One
+        that clashes with a known family, or a hook that raises, is a load-time problem and is left out;
+        the plugin's impls that need it then fail to register."""
+        found: list[DeviceFamily] = []
+        for hookimpl in self.pm.hook.xbackend_device_families.get_hookimpls():
+            name = hookimpl.plugin_name
+            try:
+                declared = list(hookimpl.function() or ())
+            except Exception as e:
+                self.problem(f"plugin {name!r}: xbackend_device_families raised {type(e).__name__}: {e}")
+                continue
+            for family in declared:
+                problem = family_problem(family, families() + tuple(found))
+                if problem is not None:
+                    self.problem(f"plugin {name!r}: device family {getattr(family, 'vendor', family)!r} ignored: {problem}")
+                else:
+                    found.append(family)
+        return tuple(found)
+
+    def register_impls(self, registry: Registry) -> None:
+        """Every plugin's ``xbackend_register_impls`` into ``registry``: all of a plugin's impls, or
+        none of them when one fails (the plugin's status says why)."""
+        for hookimpl in self.pm.hook.xbackend_register_impls.get_hookimpls():
+            name = hookimpl.plugin_name
+            registrar = Registrar(registry, name)
+            snapshot = registry.snapshot()
+            try:
+                hookimpl.function(*[{"registrar": registrar}[a] for a in hookimpl.argnames])
+            except Exception as e:
+                registry.restore(snapshot)
+                status = self.status.setdefault(name, PluginStatus(name, "explicit"))
+                status.error = f"registration failed: {type(e).__name__}: {e}"
+                log.warning("xbackend: plugin %r failed to register and was skipped: %s", name, status.error)
+                continue
+            self.status.setdefault(name, PluginStatus(name, "explicit")).impls = [f"{i.op}:{i.name}" for i in registrar.added]
+
+    def check_names(self, registry: Registry) -> None:
+        """A problem for each name in ``XBACKEND_PLUGINS`` or the blocklist that matches nothing."""
+        if self.only:
+            unknown = sorted(self.only - set(self.status))
+            if unknown:
+                self.problem(f"XBACKEND_PLUGINS names no installed plugin: {', '.join(unknown)} "
+                             f"(installed: {', '.join(self.entry_point_names()) or 'none'})")
+        known = set(self.status)
+        for op in registry.ops():
+            for impl in registry.impls(op):
+                known |= {impl.name, impl.qualname}
+        unknown = sorted(self.blocked - known)
+        if unknown:
+            self.problem(f"XBACKEND_BLOCK names no plugin or impl: {', '.join(unknown)}")
+
+
+def _reserved_refusal(name: str, value: str, dist: str) -> str | None:
+    """Why an entry point may not use ``name``, or None."""
+    if name not in RESERVED_PLUGINS:
+        return None
+    builtin = RESERVED_PLUGINS[name]
+    if builtin is not None and value == builtin and dist.lower().replace("_", "-") == _DISTRIBUTION:
+        return None
+    owner = "the reference" if builtin is None else "the builtin backend"
+    return f"refused: the plugin name {name!r} is reserved for {owner}; the package must use another entry-point name"
