@@ -26,7 +26,7 @@ import torch
 # The group's own timeout is long, so only the op's `timeout` can end a wait on a hung peer.
 GROUP_TIMEOUT_S = 120.0
 OP_TIMEOUT_S = 3.0
-# The reviewer's case for a dead rank: no `timeout`, the group's own (20 s) applies.
+# A dead rank with no `timeout` given: the group's own (20 s) applies, and must not be blamed.
 DEAD_GROUP_TIMEOUT_S = 20.0
 # Required: every process ends within the timeout plus this, counted from when it starts decoding.
 EXIT_SLACK_S = 30.0

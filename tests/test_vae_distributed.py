@@ -228,7 +228,7 @@ def test_hung_rank_times_out_everywhere(ranks):
             assert res["hang"]["elapsed"] < HANG_SLEEP_S, (rank, res["hang"])
 
 
-# -- issue 7: world sizes 4 and 8 (gloo, CPU) give the serial bits -------------------------------------
+# -- world sizes 4 and 8 (gloo, CPU) give the serial bits -------------------------------------------------
 
 
 def _wide_worker(rank: int, world: int) -> dict[str, Any]:

@@ -161,7 +161,7 @@ class GroupLink:
     # -- collectives -------------------------------------------------------------------------------------
 
     def run(
-        self, what: str, issue: Callable[[], Any], own_error: BaseException | None = None, *, deferred: bool = False
+        self, what: str, start_op: Callable[[], Any], own_error: BaseException | None = None, *, deferred: bool = False
     ) -> None:
         """Issue one async collective and wait for it; on failure abort and raise on this rank.
 
@@ -172,7 +172,7 @@ class GroupLink:
         start = time.monotonic()
         work = None
         try:
-            work = issue()
+            work = start_op()
             if deferred and not self.is_gloo:
                 work.wait()
                 self._pending = (what, work, start)
