@@ -32,15 +32,15 @@ README_MAX_BYTES = 12 * 1024
 
 # Development history: numbered work periods and tracker references.
 HISTORY = [
-    r"\bsession ?\d",
+    r"\bsession ?\d+",
     r"\b(?:this|next|last|previous|earlier|first|second|third) session\b",
-    r"\bissue ?\d",
-    r"\bseed ?\d",
+    r"\bissue ?\d+",
+    r"\bseed ?\d+",
     r"#\d+",
     r"\bsince 20\d\d",
-    r"\b(?:work )?period ?\d",
-    r"\bphase ?\d",
-    r"\bsprint ?\d",
+    r"\b(?:work )?period ?\d+",
+    r"\bphase ?\d+",
+    r"\bsprint ?\d+",
     r"\bin run \d\b",
     r"\bclosing note",
 ]
