@@ -55,7 +55,7 @@ _ARRIVAL_GRACE_S = 2.0
 # Failed collectives' Work handles, kept for the life of the process (see GroupLink._failed).
 _FAILED_WORK: list[Any] = []
 _CLOSED = ("connection closed", "connection reset", "broken pipe", "socket closed", "remote process exited")
-_TIMED_OUT = ("timed out", "timeout")
+_TIMED_OUT = ("timed out", "timeout", "timing out")
 
 
 class TileDecodeError(RuntimeError):
