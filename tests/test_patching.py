@@ -8,6 +8,7 @@ exact is the ops' tests' business (and benchmarks/patch_check.py's).
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 from typing import Any
 
@@ -24,7 +25,7 @@ from test_vae_distributed import run_ranks
 
 import xbackend
 from xbackend.adapters.diffusers_ltx2 import set_diffvae_attention
-from xbackend.patching import KINDS, PatchReport, _common
+from xbackend.patching import KINDS, PATCHES, PatchReport, _common
 
 # -- the LTX-2 transformer ---------------------------------------------------------------------------------
 
@@ -370,6 +371,41 @@ def test_unknown_and_unsupported_modules_are_left_alone() -> None:
             xbackend.unpatch(model)
             assert torch.equal(got, module(x)), (name, dtype)
             xbackend.patch(model)
+
+
+def test_every_row_of_the_patch_table_names_a_class() -> None:
+    for name in PATCHES:
+        module, _, qualname = name.rpartition(".")
+        cls = getattr(importlib.import_module(module), qualname)
+        assert f"{cls.__module__}.{cls.__qualname__}" == name
+
+
+class _Scale(nn.Module):
+    """A model family of one class, patched through a row of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * 2
+
+
+def _patch_scale(module: nn.Module, path: str, found: _common.Findings, options: _common.PatchOptions) -> None:
+    found.add("rmsnorm", path, f"toy site; kinds={sorted(options.kinds)}")
+
+
+def _unpatch_scale(module: nn.Module, path: str, found: _common.Findings) -> None:
+    found.add("rmsnorm", path, "toy site restored")
+
+
+def test_a_new_model_family_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PATCHES, f"{__name__}._Scale", (_patch_scale, _unpatch_scale))
+    model = nn.ModuleDict({"scale": _Scale(), "norm": nn.RMSNorm(4, eps=1e-6)})
+    report = xbackend.patch(model, kinds=["rmsnorm"])
+    assert [(s.path, s.detail) for s in report.sites] == [
+        ("scale", "toy site; kinds=['rmsnorm']"), ("norm", "flavour=torch dim=4 eps=1e-06 weight=yes")]
+    assert [s.path for s in xbackend.unpatch(model).sites] == ["scale", "norm"]
 
 
 def test_other_diffusers_version_leaves_diffusers_sites_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,17 +6,20 @@
   that calls ``get_op("rmsnorm")``; parameters and state_dict stay as they are.
 - ``LTX2VideoTransformerBlock`` and the DiffVAE's ``LTX2VideoVaeDiffusionNABlock`` get a forward that
   computes what diffusers 0.42.1 computes, with ``norm(x) * (1 + scale) + shift`` as
-  ``rmsnorm_modulate`` and ``x + out * gate`` as ``gated_residual`` (``xbackend/patching/ltx2.py``).
+  ``rmsnorm_modulate`` and ``x + out * gate`` as ``gated_residual`` (``ltx2_blocks.py``).
 - ``LTX2Attention`` layers with interleaved RoPE get a processor that applies it with
   ``get_op("rotary_embedding")`` (otherwise diffusers' ``LTX2AudioVideoAttnProcessor``, transcribed).
 - The DiffVAE's neighborhood attention runs ``get_op("neighborhood_attention")`` in place of diffusers'
-  flex/NATTEN processor, and its ``tiled_decode`` runs ``vae_tile_decode`` (over the default process
-  group when torch.distributed is initialised).
+  flex/NATTEN processor (``ltx2_attention.py``), and its ``tiled_decode`` runs ``vae_tile_decode`` (over
+  the default process group when torch.distributed is initialised; ``ltx2_diffvae.py``).
 
 Each fused call first checks that the op is the same expression for these inputs (dtypes, devices,
 shapes); when not, the model's own expression runs. Anything not recognised is left alone, patching
 twice changes nothing, and ``xbackend.unpatch(model)`` removes every override. A patched model
 deep-copies patched; pickled whole (``torch.save(model)``) it loads unpatched, ready to patch again.
+
+Which module gets which patch is the table ``PATCHES``, keyed by the class's full name: patching a new
+model family is a file with its patch functions and a row per class here.
 """
 
 from __future__ import annotations
@@ -27,10 +30,37 @@ from typing import Any
 
 from torch import nn
 
-from . import ltx2
-from ._common import KINDS, Findings, Site, Skipped, diffusers_rmsnorm_class, own_override, patch_rmsnorm, uninstall
+from . import ltx2_attention, ltx2_blocks, ltx2_diffvae
+from ._common import (
+    KINDS,
+    Findings,
+    Patch,
+    PatchOptions,
+    Site,
+    Skipped,
+    Unpatch,
+    own_override,
+    patch_rmsnorm,
+    uninstall,
+)
 
-__all__ = ["KINDS", "PatchReport", "Site", "Skipped", "patch", "unpatch"]
+__all__ = ["KINDS", "PATCHES", "PatchReport", "Site", "Skipped", "patch", "unpatch"]
+
+_LTX2 = "diffusers.models.transformers.transformer_ltx2"
+_DIFFVAE = "diffusers.models.autoencoders.ltx2_diffusion_decoder"
+
+# "<module>.<qualname>" of a class -> (patch, unpatch). Exact classes only: a subclass may compute
+# something else. unpatch is None where removing the module's own overrides (forward, tiled_decode),
+# which `unpatch` does on every module, restores it; no diffusers import is needed to look a class up.
+PATCHES: dict[str, tuple[Patch, Unpatch | None]] = {
+    "torch.nn.modules.normalization.RMSNorm": (patch_rmsnorm, None),
+    "diffusers.models.normalization.RMSNorm": (patch_rmsnorm, None),
+    f"{_LTX2}.LTX2VideoTransformerBlock": (ltx2_blocks.patch_transformer_block, None),
+    f"{_LTX2}.LTX2Attention": (ltx2_attention.patch_rope_processor, ltx2_attention.unpatch_rope_processor),
+    f"{_DIFFVAE}.LTX2VideoVaeDiffusionNABlock": (ltx2_blocks.patch_diffusion_block, None),
+    f"{_DIFFVAE}.LTX2VideoVaeNeighborhoodAttention": (ltx2_attention.patch_na_processor, ltx2_attention.unpatch_na_processor),
+    f"{_DIFFVAE}.LTX2VideoDiffusionDecoderModel": (ltx2_diffvae.patch_tiled_decode, None),
+}
 
 
 @dataclass(frozen=True)
@@ -104,27 +134,12 @@ def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, decode_group:
     ``"tiled_decode"`` out of ``kinds`` to keep diffusers' serial decode.
     """
     _require_module("patch", model)
-    chosen = _kinds(kinds)
+    options = PatchOptions(_kinds(kinds), decode_group)
     found = Findings()
-    norm_classes = tuple(c for c in (nn.RMSNorm, diffusers_rmsnorm_class()) if c is not None)
-    roles = {cls: role for role, cls in ltx2.classes().items()}
     for path, module in model.named_modules():
-        cls = type(module)
-        if cls in norm_classes:
-            if "rmsnorm" in chosen or own_override(module, "forward") is not None:
-                patch_rmsnorm(module, path, found)
-            continue
-        role = roles.get(cls)
-        if role == "transformer_block":
-            ltx2.patch_transformer_block(module, path, found, chosen)
-        elif role == "diffusion_block":
-            ltx2.patch_diffusion_block(module, path, found, chosen)
-        elif role == "transformer_attention":
-            ltx2.patch_rope_processor(module, path, found, chosen)
-        elif role == "na_attention":
-            ltx2.patch_na_processor(module, path, found, chosen)
-        elif role == "diffvae":
-            ltx2.patch_tiled_decode(module, path, found, chosen, decode_group)
+        row = PATCHES.get(_class_name(module))
+        if row is not None:
+            row[0](module, path, found, options)
     return PatchReport(tuple(found.sites), tuple(found.skipped))
 
 
@@ -133,15 +148,18 @@ def unpatch(model: nn.Module) -> PatchReport:
     processors are exactly the objects they were before, with their own class forwards."""
     _require_module("unpatch", model)
     found = Findings()
-    roles = {cls: role for role, cls in ltx2.classes().items()}
     for path, module in model.named_modules():
         for attr in ("forward", "tiled_decode"):
             tag = own_override(module, attr)
             if tag is not None:
                 uninstall(module, attr)
                 tag.report(path, found, new=False)
-        if roles.get(type(module)) == "na_attention":
-            ltx2.unpatch_na_processor(module, path, found)
-        elif roles.get(type(module)) == "transformer_attention":
-            ltx2.unpatch_rope_processor(module, path, found)
+        row = PATCHES.get(_class_name(module))
+        if row is not None and row[1] is not None:
+            row[1](module, path, found)
     return PatchReport(tuple(found.sites), (), action="unpatch")
+
+
+def _class_name(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"

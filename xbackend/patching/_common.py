@@ -69,6 +69,21 @@ class Findings:
         self.skipped.append(Skipped(kind, path, reason))
 
 
+@dataclass(frozen=True)
+class PatchOptions:
+    """What one `patch` call asks of every site: the kinds to route and the process group a patched
+    DiffVAE ``tiled_decode`` spreads its tiles over (None: the default group when initialised)."""
+
+    kinds: frozenset[str]
+    decode_group: Any = None
+
+
+# A row of the patch table: patch(module, path, found, options), and unpatch(module, path, found) for
+# sites that replace more than a module's own methods (a processor), else None.
+Patch = Callable[[nn.Module, str, Findings, PatchOptions], None]
+Unpatch = Callable[[nn.Module, str, Findings], None]
+
+
 def join(path: str, name: str) -> str:
     return f"{path}.{name}" if path and name else path or name
 
@@ -403,10 +418,12 @@ def _diffusers_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> 
 _NORM_FORWARDS = {"torch": _torch_rmsnorm_forward, "diffusers": _diffusers_rmsnorm_forward}
 
 
-def patch_rmsnorm(module: nn.Module, path: str, found: Findings) -> None:
+def patch_rmsnorm(module: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
     existing = own_override(module, "forward")
     if existing is not None:
         existing.report(path, found, new=False)
+        return
+    if "rmsnorm" not in options.kinds:
         return
     flavour, detail = rmsnorm_flavour(module)
     if flavour is None:

@@ -1,0 +1,234 @@
+"""LTX-2 attention processors of diffusers 0.42.1, routed through xbackend.
+
+``XbackendLTX2AttnProcessor`` stands in for ``LTX2AudioVideoAttnProcessor``
+(``diffusers/models/transformers/transformer_ltx2.py``), transcribed, with the RoPE of queries and keys
+(interleaved or split) through ``rotary_embedding`` or, with the q/k norms, ``qk_norm_rope``.
+``XbackendNeighborhoodProcessor`` stands in for the flex and NATTEN processors of the DiffVAE's
+``LTX2VideoVaeNeighborhoodAttention`` (``diffusers/models/autoencoders/ltx2_diffusion_decoder.py``),
+through ``neighborhood_attention``. Each keeps the processor it replaced, which `unpatch` restores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._api import get_op
+from ..adapters.diffusers_ltx2 import DiffVAENeighborhoodProcessor
+from ._common import (
+    DIFFUSERS_VERSION,
+    Findings,
+    PatchOptions,
+    diffusers_mismatch,
+    hookless_now,
+    qk_fusion_flavour,
+    qk_norm_rope,
+    rope_interleaved,
+    rope_split,
+    same_parameters,
+)
+
+
+# -- the DiffVAE's neighborhood attention --------------------------------------------------------------
+class XbackendNeighborhoodProcessor(DiffVAENeighborhoodProcessor):
+    """Stands in for diffusers' flex or NATTEN processor on one attention layer, running
+    ``get_op("neighborhood_attention")`` with the same window (``clamp(i - k//2, 0, L - k)`` per axis,
+    no dilation, not causal) and ``scale=1.0`` (the query is pre-scaled by ``head_dim**-0.5`` in
+    ``project_qkv``). Keeps the processor it replaced for `unpatch`. Not being the flex processor, it
+    also keeps the decoder from building a flex block mask."""
+
+    def __init__(self, original: Any):
+        super().__init__(get_op("neighborhood_attention"))
+        self.original = original
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The op object holds torch.library handles that cannot be copied; rebuild it instead, so a
+        # patched model still deep-copies (and pickles) like a stock one.
+        return (type(self), (self.original,))
+
+
+def _stock_processors() -> tuple[type, ...]:
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import (
+        LTX2VideoVaeNeighborhoodAttnProcessor,
+        LTX2VideoVaeNeighborhoodNattenProcessor,
+    )
+
+    return (LTX2VideoVaeNeighborhoodAttnProcessor, LTX2VideoVaeNeighborhoodNattenProcessor)
+
+
+def patch_na_processor(attn: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
+    processor = attn.processor
+    detail = f"kernel_size={tuple(attn.kernel_size)} heads={attn.heads} head_dim={attn.head_dim} scale=1.0 (query pre-scaled)"
+    if isinstance(processor, XbackendNeighborhoodProcessor):
+        found.add("neighborhood_attention", path, detail, new=False)
+        return
+    if "neighborhood_attention" not in options.kinds:
+        return
+    if (problem := diffusers_mismatch()) is not None:
+        found.skip("neighborhood_attention", path, problem)
+    elif type(processor) not in _stock_processors():
+        found.skip("neighborhood_attention", path, f"processor {type(processor).__name__} is not one of diffusers' own")
+    elif getattr(processor, "_parallel_config", None) is not None:
+        found.skip("neighborhood_attention", path, "context-parallel attention is configured on the processor")
+    else:
+        attn.set_processor(XbackendNeighborhoodProcessor(processor))
+        found.add("neighborhood_attention", path, f"{detail}; was {type(processor).__name__}")
+
+
+def unpatch_na_processor(attn: nn.Module, path: str, found: Findings) -> None:
+    processor = attn.processor
+    if isinstance(processor, XbackendNeighborhoodProcessor):
+        attn.set_processor(processor.original)
+        found.add("neighborhood_attention", path, f"restored {type(processor.original).__name__}")
+
+
+# -- LTX2Attention: RoPE of queries and keys -----------------------------------------------------------
+_LTX2_ATTENTION_FUNCTIONS: tuple[Callable[..., Any], ...] | None = None
+
+
+def _ltx2_attention_functions() -> tuple[Callable[..., Any], ...]:
+    """diffusers' attention dispatcher and LTX-2 RoPE functions, imported once (not on every call)."""
+    global _LTX2_ATTENTION_FUNCTIONS
+    if _LTX2_ATTENTION_FUNCTIONS is None:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb, apply_split_rotary_emb
+
+        _LTX2_ATTENTION_FUNCTIONS = (dispatch_attention_fn, apply_interleaved_rotary_emb, apply_split_rotary_emb)
+    return _LTX2_ATTENTION_FUNCTIONS
+
+
+class XbackendLTX2AttnProcessor:
+    """Stands in for diffusers' ``LTX2AudioVideoAttnProcessor`` on one ``LTX2Attention``: the same
+    computation, with the RoPE of the query and key as ``get_op("rotary_embedding")`` (one pass instead
+    of eight eager kernels, bit-identical; interleaved for LTX-2.0, split for LTX-2.3). Where query and
+    key share their frequencies and shape (self-attention) and ``qk_flavour`` names the norms' flavour,
+    ``norm_q``, ``norm_k`` and both RoPEs are one ``qk_norm_rope`` call, in either RoPE layout. Keeps the
+    processor it replaced for `unpatch`."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(
+        self,
+        original: Any,
+        qk_flavour: str | None = None,
+        qk_norms: tuple[nn.Module, nn.Module] | None = None,
+        qk_detail: str = "q/k norms not fused",
+    ):
+        self.original = original
+        self.qk_flavour = qk_flavour
+        self.qk_norms = qk_norms  # the norms qk_flavour was found for: replaced ones are not fused
+        self.qk_detail = qk_detail  # for the report
+        self._attention_backend = getattr(original, "_attention_backend", None)
+        self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def __call__(
+        self,
+        attn: nn.Module,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        query_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        dispatch_attention_fn, apply_interleaved_rotary_emb, apply_split_rotary_emb = _ltx2_attention_functions()
+        batch_size, sequence_length, _ = (
+            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+        )
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        if attn.to_gate_logits is not None:
+            gate_logits = attn.to_gate_logits(hidden_states)
+
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
+        fused = None
+        if (
+            self.qk_flavour is not None
+            and query_rotary_emb is not None
+            and attn.rope_type in ("interleaved", "split")
+            # element-wise: dynamo cannot trace `is` between two tuples
+            and (key_rotary_emb is None or (key_rotary_emb[0] is query_rotary_emb[0] and key_rotary_emb[1] is query_rotary_emb[1]))
+            and self.qk_norms == (attn.norm_q, attn.norm_k)
+            and hookless_now(attn.norm_q)
+            and hookless_now(attn.norm_k)
+        ):
+            fused = qk_norm_rope(attn.norm_q, attn.norm_k, self.qk_flavour, query, key, query_rotary_emb, attn.rope_type)
+        if fused is not None:
+            query, key = fused
+        else:
+            query = attn.norm_q(query)
+            key = attn.norm_k(key)
+
+        if query_rotary_emb is not None and fused is None:
+            key_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
+            if attn.rope_type == "interleaved":
+                query = rope_interleaved(query, query_rotary_emb, apply_interleaved_rotary_emb)
+                key = rope_interleaved(key, key_emb, apply_interleaved_rotary_emb)
+            elif attn.rope_type == "split":
+                query = rope_split(query, query_rotary_emb, apply_split_rotary_emb)
+                key = rope_split(key, key_emb, apply_split_rotary_emb)
+
+        query = query.unflatten(2, (attn.heads, -1))
+        key = key.unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+        hidden_states = dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )  # fmt: skip
+        hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = hidden_states.to(query.dtype)
+        if attn.to_gate_logits is not None:
+            hidden_states = hidden_states.unflatten(2, (attn.heads, -1))
+            gates = 2.0 * torch.sigmoid(gate_logits)
+            hidden_states = hidden_states * gates.unsqueeze(-1)
+            hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        return hidden_states
+
+
+def patch_rope_processor(attn: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
+    kinds = options.kinds
+    processor = attn.processor
+    detail = f"rope_type={attn.rope_type} heads={attn.heads}"
+    if isinstance(processor, XbackendLTX2AttnProcessor):
+        found.add("rotary_embedding", path, f"{detail}; {processor.qk_detail}; was {type(processor.original).__name__}", new=False)
+        return
+    if "rotary_embedding" not in kinds:
+        return
+    from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
+
+    if (problem := diffusers_mismatch()) is not None:
+        found.skip("rotary_embedding", path, problem)
+    elif type(processor) is not LTX2AudioVideoAttnProcessor:
+        found.skip("rotary_embedding", path, f"processor {type(processor).__name__} is not LTX2AudioVideoAttnProcessor")
+    elif not same_parameters(XbackendLTX2AttnProcessor.__call__, LTX2AudioVideoAttnProcessor.__call__):
+        found.skip("rotary_embedding", path, f"LTX2AudioVideoAttnProcessor differs from diffusers {DIFFUSERS_VERSION}'s")
+    elif getattr(processor, "_parallel_config", None) is not None:
+        found.skip("rotary_embedding", path, "context-parallel attention is configured on the processor")
+    elif attn.rope_type not in ("interleaved", "split"):
+        found.skip("rotary_embedding", path, f"rope_type={attn.rope_type!r}: only interleaved and split RoPE are routed")
+    else:
+        qk_flavour, qk_detail = (
+            qk_fusion_flavour(attn.norm_q, attn.norm_k) if "rmsnorm" in kinds else (None, "q/k norms: rmsnorm not patched")
+        )
+        attn.set_processor(XbackendLTX2AttnProcessor(processor, qk_flavour, (attn.norm_q, attn.norm_k), qk_detail))
+        found.add("rotary_embedding", path, f"{detail}; {qk_detail}; was {type(processor).__name__}")
+
+
+def unpatch_rope_processor(attn: nn.Module, path: str, found: Findings) -> None:
+    processor = attn.processor
+    if isinstance(processor, XbackendLTX2AttnProcessor):
+        # set_attention_backend / enable_parallelism after patch() set them on our processor.
+        processor.original._attention_backend = processor._attention_backend
+        processor.original._parallel_config = processor._parallel_config
+        attn.set_processor(processor.original)
+        found.add("rotary_embedding", path, f"restored {type(processor.original).__name__}")
