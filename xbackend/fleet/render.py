@@ -151,7 +151,8 @@ def compile_summary(r: TargetResult) -> list[str]:
     lines = _wrap(f"{head}: {len(r.kernels)} rows: {statuses.count('ok')} ok, "
                   f"{sum(s.startswith('failed') for s in statuses)} failed, "
                   f"{sum(s.startswith('skipped') for s in statuses)} skipped; {len(bad)} failing "
-                  "(failed, or spills without a waiver)", "", "  ")
+                  f"(failed, or spills without a waiver), {sum(bool(k.get('waiver')) for k in r.kernels)} waived",
+                  "", "  ")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k in r.kernels:
         impl = str(k.get("impl") or k.get("chosen") or "?")
