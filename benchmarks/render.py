@@ -49,21 +49,21 @@ class BenchRow:
 
 
 def bench_rows_from_json(data: list[dict[str, Any]] | dict[str, Any]) -> list[BenchRow]:
-    """Rows of `xbackend bench --json` (a list), or of a plugin bench report in the same row format
-    (``{"env": ..., "rows": [...]}``, variants stripped, accuracy in the row: plugins' bench_*.py)."""
+    """Rows of `xbackend bench --json` (a list: impl rows indented by two spaces), or of a plugin's
+    bench report in the same row format (``{"env": ..., "rows": [...]}``: variants stripped, impls
+    named ``backend:impl``, the measured accuracy in the row, as the Liger plugin's bench_liger.py writes)."""
     rows = []
     for r in data["rows"] if isinstance(data, dict) else data:
         extra = r.get("extra") or r
         variant = r["variant"]
-        impl = variant.startswith("  ") or (":" in variant and not variant.startswith("host:"))
-        exact = r.get("exact")
-        if exact is None and extra.get("accuracy") is not None and not str(extra["accuracy"]).startswith("rel_fro"):
-            exact = extra["accuracy"] == "exact"
+        name = variant.strip()
+        impl = variant.startswith("  ") or (name not in _BASE_VARIANTS and not name.startswith("host:"))
         accuracy = extra.get("accuracy")
-        rows.append(BenchRow(r["case"], variant.strip(), impl, float(r["us"]), float(r.get("tbps") or 0.0),
-                             float(r.get("tflops") or 0.0), exact,
-                             accuracy if accuracy not in (None, "exact") and exact is None else None,
-                             extra.get("vs_one_launch")))  # fmt: skip
+        exact = r.get("exact")
+        if exact is None and accuracy is not None and not str(accuracy).startswith("rel_fro"):
+            exact = accuracy == "exact"
+        rows.append(BenchRow(r["case"], name, impl, float(r["us"]), float(r.get("tbps") or 0.0),
+                             float(r.get("tflops") or 0.0), exact, accuracy, extra.get("vs_one_launch")))  # fmt: skip
     return rows
 
 
@@ -145,6 +145,14 @@ def _check_header(run: dict[str, Any], device: str | None, torch_version: str | 
         raise ValueError(f"{run['id']}: {where} records torch {torch_version!r}, runs.json says {software['torch']!r}")
 
 
+def _check_env(run: dict[str, Any], env: dict[str, Any], software: dict[str, str]) -> None:
+    """A plugin report's own record of where it ran (device, torch, Triton) against runs.json."""
+    _check_header(run, env.get("device"), env.get("torch"), software, run["data"])
+    triton = str(env.get("triton", software["triton"]))
+    if not (triton == software["triton"] or triton.startswith(software["triton"] + ".")):
+        raise ValueError(f"{run['id']}: {run['data']} records Triton {triton!r}, runs.json says {software['triton']!r}")
+
+
 def _load_bench(run: dict[str, Any], software: dict[str, str]) -> list[BenchRow]:
     text_path = _paths(run.get("text"))
     if text_path:
@@ -155,7 +163,7 @@ def _load_bench(run: dict[str, Any], software: dict[str, str]) -> list[BenchRow]
     if run.get("data"):
         data = json.loads(_read(run["data"]))
         if isinstance(data, dict) and "env" in data:
-            _check_header(run, data["env"].get("device"), data["env"].get("torch"), software, run["data"])
+            _check_env(run, data["env"], software)
         rows = bench_rows_from_json(data)
     else:
         rows = text_rows
@@ -187,7 +195,7 @@ def bench_table(rows: list[BenchRow]) -> list[str]:
     for case, rs in cases.items():
         by = {r.variant: r for r in rs if not r.impl and not r.variant.startswith("host:")}
         copy_, eager, comp, xb = (by.get(k) for k in ("copy_", "eager", "compile", "xbackend"))
-        impls = ", ".join(f"{r.variant} {_us(r.us)}" for r in rs if r.impl)
+        impls = ", ".join(f"{r.variant} {_us(r.us)}{_accuracy_note(r)}" for r in rs if r.impl)
         out_rows.append([
             case,
             _us(copy_.us) if copy_ else "—",
@@ -215,6 +223,13 @@ def bench_table(rows: list[BenchRow]) -> list[str]:
                   "(under `no_grad`, bursts of calls interleaved between the two):", ""]  # fmt: skip
         lines += _table(["case", "one eager launch µs", "xbackend call µs", "xbackend / one launch"], host)
     return lines
+
+
+def _accuracy_note(r: BenchRow) -> str:
+    """How an impl row's output compares with the reference, when it is not bit-exact."""
+    if r.exact is False:
+        return f" ({r.accuracy})" if r.accuracy else " (not exact)"
+    return ""
 
 
 def _render_attention(cases: dict[str, list[BenchRow]]) -> list[str]:
@@ -339,6 +354,22 @@ def render_example_table(run: dict[str, Any], software: dict[str, str]) -> list[
     return [*(f"`{c}`  " for c in caption), "", *_table(header, body)]
 
 
+def render_plugin_classify(run: dict[str, Any], software: dict[str, str]) -> list[str]:
+    """A plugin's precision classification (bench_liger.py --classify): per impl and dtype, the largest
+    ulp distance and relative Frobenius error over its case catalogue, and the tier that admits it."""
+    data = json.loads(_read(run["data"]))
+    _check_env(run, data["env"], software)
+    rows = []
+    for r in data["summary"]:
+        rows.append([f"`{r['impl']}`", r["dtype"].removeprefix("torch."), str(r["cases"]), "yes" if r["exact"] else "no",
+                     str(r["max_ulp"]), f"{r['max_rel_fro']:.1e}", f"`{r['contract']}`",
+                     "yes" if r["registered_dtype"] else "no", "yes" if r["holds"] else "no", f"`{r['tier']}`"])  # fmt: skip
+    lines = [f"{k} {data['env'][k]}" for k in ("liger_kernel",) if k in data["env"]]
+    caption = [f"`{' · '.join(lines).replace('_', '-')}`", ""] if lines else []
+    return caption + _table(["impl", "dtype", "cases", "exact", "max ulp", "max rel. Frobenius", "contract",
+                             "registered for dtype", "contract holds", "tier admitted"], rows)  # fmt: skip
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "bench": render_bench,
     "na_quick": render_na_quick,
@@ -346,6 +377,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "dispatch": render_dispatch,
     "patch_check": render_patch_check,
     "example_table": render_example_table,
+    "plugin_classify": render_plugin_classify,
 }
 
 

@@ -128,7 +128,7 @@ def test_plugin_bench_report_renders() -> None:
                                                    (True, False)]  # fmt: skip
     table = render.bench_table(parsed)
     assert table[2] == ("| rmsnorm [1,8,64] | 1.0 | 4.0 | 2.0 | **1.0** | 100% | 4.00× | 2.00× | yes | no "
-                        "| liger:rmsnorm 1.6 |")  # fmt: skip
+                        "| liger:rmsnorm 1.6 (2ulp) |")  # fmt: skip
     assert render._table(["a"], [["x|y"]])[-1] == "| x\\|y |"
 
 
