@@ -71,3 +71,23 @@ def test_bench_table_formats_ratios_against_copy_eager_and_compile() -> None:
             Row("c", "compile", 150.0, 10**8, exact=False), Row("c", "xbackend", 125.0, 10**8, exact=True)]
     line = next(row for row in format_table(rows).splitlines() if " xbackend " in row)
     assert "80%" in line and "3.20x" in line and "1.20x" in line and line.rstrip().endswith("yes")
+
+
+def test_plan_with_shapes_shows_a_supports_rejection(capsys) -> None:
+    from xbackend.cli import main
+
+    assert main(["plan", "--device", "h200", "--op", "rmsnorm", "--dtype", "fp32",
+                 "--shape", "x=2,40000", "--shape", "weight=40000"]) == 0
+    out = capsys.readouterr().out
+    assert "float32[2,40000]" in out and "D > 16384" in out
+    assert main(["plan", "--op", "rmsnorm", "--shape", "y=3"]) == 2
+    assert "a tensor argument of rmsnorm (x, weight)" in capsys.readouterr().err
+
+
+def test_ops_signatures(capsys) -> None:
+    from xbackend.cli import main
+
+    assert main(["ops", "--signatures"]) == 0
+    out = capsys.readouterr().out
+    assert "fn(x, update, gate)" in out and "supports(x, weight, eps, flavour) -> None | str" in out
+    assert "vae_tile_decode(" in out

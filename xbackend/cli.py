@@ -95,6 +95,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     deployed = dev.simulated or args.assume_available
     strict = strict_requested(args.strict)
     problems = load_problems(rt) + (fn_problems(rt, ops) if strict else [])
+    if args.json and args.shape:
+        raise ValueError("plan: --shape plans one input; it prints the text plan (drop --json)")
     if args.json:
         dtype = str(_DTYPES[args.dtype]).removeprefix("torch.")
         matrix = Matrix(ops, (dtype,), (args.quality or current_policy()[0],))
@@ -102,12 +104,66 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where = "" if dev.simulated else str(torch.device(args.device))
         print(plan_json(rt, target, dev, matrix, deployed=deployed, where=where, problems=problems), end="")
     else:
-        plans = [plan(op, dev, dtype=_DTYPES[args.dtype], quality=args.quality, assume_available=deployed)
+        dtype = _DTYPES[args.dtype]
+        plans = [plan(op, dev, dtype=dtype, quality=args.quality, assume_available=deployed,
+                      args=_shaped_args(op, dtype, args.shape) if args.shape else None)
                  for op in ops]
         print("\n".join(str(p) for p in plans))
     for problem in problems:
         print(f"xbackend plan: {'error' if strict else 'warning'}: {problem}", file=sys.stderr)
     return STRICT_EXIT if strict and problems else 0
+
+
+def _shaped_args(op: str, dtype: torch.dtype, shapes: list[str]) -> tuple:
+    """The op's representative input (meta tensors) with the named tensor arguments replaced:
+    ``x=1,32640,4096`` (contiguous, in that argument's dtype) or ``weight=none``."""
+    import inspect
+
+    from ._api import get_op
+
+    spec = get_op(op).spec
+    names = list(inspect.signature(spec.bind).parameters)
+    args = list(spec.example(dtype, torch.device("meta")))
+    for item in shapes:
+        name, sep, dims = item.partition("=")
+        name = name.strip()
+        if not sep or name not in names or names.index(name) not in spec.tensor_args:
+            tensors = ", ".join(names[i] for i in spec.tensor_args)
+            raise ValueError(f"plan: --shape expected NAME=D0,D1,... with NAME a tensor argument of {op} "
+                             f"({tensors}), got {item!r}")
+        i = names.index(name)
+        if dims.strip().lower() == "none":
+            args[i] = None
+            continue
+        try:
+            size = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            raise ValueError(f"plan: --shape {name} expected comma-separated ints, got {dims!r}") from None
+        like = args[i] if isinstance(args[i], torch.Tensor) else args[spec.tensor_args[0]]
+        args[i] = torch.empty(size, dtype=like.dtype, device="meta")
+    return tuple(args)
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    """Every op with its signature; with --signatures, the impl signature a plugin implements."""
+    import inspect
+
+    from ._api import get_op, list_ops
+
+    for name in list_ops():
+        op = get_op(name)
+        spec = getattr(op, "spec", None)
+        print(op.signature if spec is None else spec.signature)
+        if args.signatures and spec is not None:
+            params = ", ".join(inspect.signature(spec.bind).parameters)
+            tensors = ", ".join(list(inspect.signature(spec.bind).parameters)[i] for i in spec.tensor_args)
+            print(f"    impl:     fn({params}) -> {'(q, k)' if name == 'qk_norm_rope' else 'a new tensor'}  "
+                  f"(positional, normalized by bind; never writes an input)")
+            print(f"    supports: supports({params}) -> None | str  (shapes/strides/dtypes only: also runs on meta)")
+            print(f"    tensors:  {tensors}")
+        elif spec is None:
+            print("    host-level op: runs decode_tile callables, no impls to register")
+    return 0
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -148,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assume-available", action="store_true",
                    help="plan as if every impl's packages were installed (a simulated target always is)")
     p.add_argument("--json", action="store_true", help="the fleet JSON document for this one device")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="plan this input: a tensor argument's shape (repeat; NAME=none for an absent one), "
+                        "e.g. --shape x=1,32640,4096 --shape weight=4096")
     p.add_argument("--strict", action="store_true",
                    help="exit 3 on a broken plugin, an unknown XBACKEND_PLUGINS/XBACKEND_BLOCK name or an impl "
                         "whose fn does not import (also XBACKEND_STRICT=1)")
@@ -155,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .fleet.cli import add_parser as add_fleet
 
     add_fleet(sub)
+    o = sub.add_parser("ops", help="every op and its signature")
+    o.add_argument("--signatures", action="store_true", help="also the impl and supports() signatures plugins implement")
+    o.set_defaults(func=cmd_ops)
     build = sub.add_parser("build", help="build the C++ dispatch key extension now (a GPU host builds it on first use)")
     build.set_defaults(func=cmd_build)
     b = sub.add_parser("bench", help="benchmark ops against eager, torch.compile and copy_ (GPU)")
@@ -173,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError) as e:
         print(f"xbackend: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `xbackend fleet | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
