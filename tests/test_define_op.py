@@ -145,6 +145,13 @@ def test_define_op_refuses_what_it_cannot_register() -> None:
         define_op("odd", bind=odd_bind, check=check, reference=reference, fake=fake, example=example,
                   namespace="xbackend_tests")
 
+    def unannotated(x: torch.Tensor, y: torch.Tensor, alpha: float):  # no return annotation
+        return x
+
+    with pytest.raises(TypeError, match="fake's return annotation expected torch.Tensor or a tuple of them"):
+        define_op("odd", bind=bind, check=check, reference=reference, fake=unannotated, example=example,
+                  namespace="xbackend_tests")
+
 
 # -- end to end: resolver, guard, compile, gradients ---------------------------------------------------
 def test_the_resolver_plans_it(op: xbackend.Op) -> None:

@@ -29,8 +29,8 @@ def tensor_sig(t: torch.Tensor | None) -> tuple[Any, ...] | None:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One abstract op. ``bind`` turns a caller's ``(*args, **kwargs)`` into the normalized positional
-    tuple every other field (and every impl) takes."""
+    """One abstract op (an op file builds it with ``define_op``). ``bind`` turns a caller's
+    ``(*args, **kwargs)`` into the normalized positional tuple every other field (and every impl) takes."""
 
     name: str
     bind: Callable[..., tuple[Any, ...]]
@@ -229,6 +229,10 @@ def define_op(
     hints = typing.get_type_hints(bind)
     schema = [_schema_type(name, p.name, hints.get(p.name, inspect.Parameter.empty)) for p in params]
     output = typing.get_type_hints(fake).get("return", inspect.Signature.empty)
+    if output is not torch.Tensor and not (typing.get_origin(output) is tuple and typing.get_args(output)
+                                           and all(t is torch.Tensor for t in typing.get_args(output))):
+        raise TypeError(f"define_op({name!r}): fake's return annotation expected torch.Tensor or a tuple of them "
+                        f"(tuple[torch.Tensor, torch.Tensor]), got {output}")
     if tensor_args is None:
         tensor_args = tuple(i for i, t in enumerate(schema) if t in (torch.Tensor, torch.Tensor | None))
     lists = any(typing.get_origin(t) is list for t in schema)
