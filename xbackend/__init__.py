@@ -6,7 +6,7 @@ from __future__ import annotations
 import pluggy
 
 from ._api import Op, Plan, Report, get_op, list_ops, plan, plugins, problems, report
-from ._device import Device
+from ._device import Device, DeviceFamily
 from ._guard import FallbackWarning
 from ._policy import quality, use, verify
 from ._precision import EXACT, Precision, tolerance, ulp
@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "EXACT",
     "Device",
+    "DeviceFamily",
     "FallbackWarning",
     "Impl",
     "ImplUnusableError",
