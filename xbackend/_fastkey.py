@@ -1,7 +1,7 @@
 """The runtime key of an op call, built in C++ (``_fastkey.cpp``) where that extension is available.
 
-Every eager call builds a key of its inputs and looks it up in the dispatch cache (issue 2 bounds the
-whole call at 2 µs over the kernel). The Python keys (``key`` in ``xbackend/ops/*.py``) read shape,
+Every eager call builds a key of its inputs and looks it up in the dispatch cache (the whole call is
+budgeted at 2 µs over the kernel). The Python keys (``key`` in ``xbackend/ops/*.py``) read shape,
 stride(), dtype and device of every tensor, ~0.1 µs per attribute; the C++ key reads the same four
 things of each tensor in one call and returns ``(op name, bytes, arg, tag(arg), ...)`` for the
 non-tensor args. Both forms hold each non-tensor arg with its type tag (its type; for a tuple, its

@@ -116,7 +116,7 @@ def _equal(out: Output, expected: Output) -> bool:
 
 
 def _dense_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any) -> torch.Tensor:
-    """Full attention over the same tokens through cuDNN: the dense baseline of issue 4's bars."""
+    """Full attention over the same tokens through cuDNN: the dense baseline attention is measured against."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     b, h, d = q.shape[0], q.shape[-2], q.shape[-1]

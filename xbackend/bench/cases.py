@@ -1,4 +1,4 @@
-"""Benchmark cases: the shapes the bars in design.md §6 are stated on."""
+"""Benchmark cases: the model shapes the performance tables are stated on."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ CASES: dict[str, list[Case]] = {
         _modulate((1, 32640, 4096), (1, 1, 4096), "torch", True),
         _modulate((1, 16, 48, 80, 512), (1, 1, 1, 1, 512), "torch", True),
     ],
-    # Seed 001's shapes (LTX-2.3, Ideogram 4, FLUX.2) plus a per-token gate.
+    # LTX-2.3, Ideogram 4 and FLUX.2 DiT shapes, plus a per-token gate.
     "gated_residual": [
         _gated("ltx2", 32640, 4096, "bcast", bar=True),
         _gated("ltx2", 8160, 4096, "full", bar=True),

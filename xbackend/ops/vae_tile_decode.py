@@ -1,6 +1,6 @@
 """vae_tile_decode(latent, decode_tile, *, tile, stride, scale, ...) — decode a latent in overlapping
 tiles, blend the seams with diffusers' linear rule, crop to the stride and assemble; spread the tiles
-over a ``torch.distributed`` group when one is up (design.md §3 item 5, xbackend/vae/).
+over a ``torch.distributed`` group when one is up (``xbackend/vae/``).
 
 A host-level op: it takes a Python callable and a process group, so it is not a ``torch.library``
 custom op and has no kernels to resolve. It runs outside compiled regions; the tiles it decodes call

@@ -1,9 +1,9 @@
 """The NATTEN plugin's hook: registers NATTEN's fused neighborhood attention with xbackend.
 
 NATTEN's fused kernels cover sm80..sm103. On Blackwell (sm100, sm103) they are the preferred path
-(seed 000: vLLM-Omni routes SM100/103 to NATTEN); on sm80..sm90 they rank below xbackend's own
+(vLLM-Omni routes SM100/103 to NATTEN too); on sm80..sm90 they rank below xbackend's own
 Hopper Triton kernel (sm90) but above the portable flex path. Not run on hardware here: NATTEN has
-no wheel for this environment (design.md §4), so it is tested against a stand-in module.
+no wheel for the test environment, so it is tested against a stand-in module.
 """
 
 from __future__ import annotations
