@@ -47,7 +47,7 @@ def test_cuda_vec_is_preferred_where_it_builds(builtin) -> None:
 
 
 def test_aiter_unavailable_reads_as_a_reason_not_a_crash(builtin, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off ROCm, `import aiter` raises RuntimeError (design.md §4), not ImportError."""
+    """Off ROCm, `import aiter` raises RuntimeError (aiter checks for a ROCm build at import), not ImportError."""
     (tmp_path / "aiter").mkdir()
     (tmp_path / "aiter" / "__init__.py").write_text('raise RuntimeError("ROCm version file not found")\n')
     monkeypatch.syspath_prepend(str(tmp_path))

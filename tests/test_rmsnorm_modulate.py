@@ -13,7 +13,7 @@ from xbackend.ops import rmsnorm_modulate as mod
 
 modulate = xbackend.get_op("rmsnorm_modulate")
 
-# x shape -> scale/shift shapes that must be accepted (design.md §3).
+# x shape -> scale/shift shapes that must be accepted (the DiT and DiffVAE modulation forms).
 FORMS = {
     (2, 5, 8): [(2, 1, 8), (2, 5, 8), (8,), (1, 1, 8)],
     (2, 3, 2, 2, 8): [(2, 1, 1, 1, 8), (8,), (1, 1, 1, 1, 8)],
