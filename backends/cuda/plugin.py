@@ -1,8 +1,8 @@
 """NVIDIA impls: Triton kernels shared with the ROCm backend, launched with NVIDIA configs, and a
 CUDA C++ gated residual compiled on first use.
 
-The pointwise kernels have no architecture-specific schedule, so they cover sm90..sm103 (seed 000
-qualified them on SM90 and SM103); neighborhood attention's fused kernel is tuned for Hopper only.
+The pointwise kernels have no architecture-specific schedule, so they cover sm90..sm103 (run on SM90,
+compiled for SM100/SM103); neighborhood attention's fused kernel is tuned for Hopper only.
 """
 
 from __future__ import annotations

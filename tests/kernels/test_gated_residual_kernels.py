@@ -170,9 +170,9 @@ def test_cuda_first_error_line_picks_the_compiler_error() -> None:
 # ---------------------------------------------------------------------------------------------
 # GPU: bit-exact (torch.equal) against eager on the same device.
 
-# Seed 001 (LTX-2.3, Ideogram 4, FLUX.2 residual-gate workloads) and seed 004 (LTX-2 block:
-# hidden 4096 video / 2048 audio, sequence 8160 / 32640).
-SEED_SHAPES = [
+# The residual-gate workloads of LTX-2.3, Ideogram 4 and FLUX.2, and the LTX-2 block (hidden 4096
+# video / 2048 audio, sequence 8160 / 32640).
+WORKLOAD_SHAPES = [
     (1, 32640, 4096),
     (1, 8160, 4096),
     (1, 4096, 4608),
@@ -215,7 +215,7 @@ KERNELS = pytest.mark.parametrize("kernel", [triton_gr, cuda_gr], ids=["triton",
 @KERNELS
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("form", GATE_FORMS)
-@pytest.mark.parametrize("shape", SEED_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", WORKLOAD_SHAPES, ids=str)
 def test_gpu_seed_shapes_exact(kernel, shape, form: str, dtype: torch.dtype) -> None:
     _assert_exact(kernel, *_gpu_inputs(shape, _gate_shape(shape, form), dtype, seed=len(shape) + shape[1]))
 
@@ -375,7 +375,7 @@ def test_gpu_cuda_available() -> None:
 @pytest.mark.gpu
 @gpu
 def test_gpu_cuda_entry_is_the_extension_function() -> None:
-    """The CUDA plugin's impl caches the C function itself (no Python frame per call, issue 3), which
+    """The CUDA plugin's impl caches the C function itself (no Python frame per call), which
     must check its arguments as the wrapper does."""
     x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=43)
     cuda_gr.gated_residual(x, update, gate)  # builds the extension
@@ -399,8 +399,8 @@ def test_gpu_cuda_entry_is_the_extension_function() -> None:
 @pytest.mark.gpu
 @gpu
 def test_gpu_runtime_caches_the_c_function() -> None:
-    """Through get_op the CUDA impl's cached callable is the extension's C function (issue 3: no Python
-    frame between Op.__call__ and the launch)."""
+    """Through get_op the CUDA impl's cached callable is the extension's C function (no Python frame
+    between Op.__call__ and the launch)."""
     from xbackend._runtime import runtime
 
     x, update, gate = _gpu_inputs((2, 8, 64), (2, 1, 64), torch.bfloat16, seed=59)

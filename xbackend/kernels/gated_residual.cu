@@ -25,7 +25,7 @@ namespace {
 constexpr int kThreads = 256;  // most threads per block (launch bound)
 // Threads per block by default, flat and row tile: torch.compile's pointwise shape (1024 elements
 // per 4 warps). On an H200 (bf16, lab/gpu/gated_residual_variants.py) 128-thread blocks with one pack
-// per thread and plain loads matched compile at every seed shape, where 256-thread blocks, several
+// per thread and plain loads matched compile at every workload shape, where 256-thread blocks, several
 // packs per thread and ld.global.nc loads were 0.5-4.5% slower at [1, 4096..4608, 3072] and
 // [1, 8160, 4096].
 constexpr int kBlockThreads = 128;

@@ -1,6 +1,6 @@
 // Python binding for the gated_residual CUDA kernels: one METH_FASTCALL function written against
 // the CPython API (no pybind11, no dispatcher), so a call costs argument unpacking, one caching-
-// allocator allocation and one launch. Issue 3 bounds the whole get_op call at small shapes by 1.2x
+// allocator allocation and one launch. The host budget of a whole get_op call at small shapes is 1.2x
 // of one eager launch, and pybind11's overload dispatch plus at::empty's dispatcher round trip were
 // most of what this binding could still save.
 //
