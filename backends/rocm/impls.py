@@ -17,13 +17,15 @@ NA_TOLERANCE = xbackend.tolerance(5e-3)
 
 
 def _aiter_available() -> str | None:
+    if not torch.version.hip:
+        return "aiter needs a ROCm build of torch"
     from xbackend.kernels import aiter_rmsnorm
 
     return aiter_rmsnorm.available()
 
 
 IMPLS: list[Impl] = [
-    # Seed 002: xDiT swaps diffusers' RMSNorm for AITER's CK kernel on MI350. One rounding, so it is
+    # xDiT swaps diffusers' RMSNorm for AITER's CK kernel on MI350. One rounding, so it is
     # ulp-bounded, never exact; below the Triton kernel that reproduces the reference bit for bit.
     Impl(op="rmsnorm", name="aiter", fn=f"{_K}.aiter_rmsnorm:rmsnorm", supports=f"{_K}.aiter_rmsnorm:supports_torch_flavour",
          priority=120, devices=CDNA, dtypes=HALF,
