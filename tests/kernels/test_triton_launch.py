@@ -177,9 +177,10 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("rows", [1, 16, 17, 126])
 @pytest.mark.parametrize("offset", [0, 4, 1])
 def test_gpu_direct_equals_triton_path(rows, offset):
+    from xbackend.kernels import rmsnorm as K
     from xbackend.kernels import triton_gated_residual as G
-    from xbackend.kernels import triton_rmsnorm as K
     from xbackend.kernels import triton_rotary as R
+    from xbackend.kernels.rmsnorm import launch as L
 
     d = 2048
     base = torch.randn(rows * d + offset, device="cuda", dtype=torch.bfloat16)
@@ -187,7 +188,7 @@ def test_gpu_direct_equals_triton_path(rows, offset):
     u, w = torch.randn_like(x), torch.randn(d, device="cuda", dtype=torch.bfloat16)
     gate = torch.randn(1, 1, d, device="cuda", dtype=torch.bfloat16)
     def rmsnorm_path(direct: bool) -> None:
-        K._DIRECT = direct
+        L._DIRECT = direct
 
     def gated_path(direct: bool) -> None:
         G._KERNEL._direct = direct
@@ -199,7 +200,7 @@ def test_gpu_direct_equals_triton_path(rows, offset):
 
     calls = [
         (rmsnorm_path, lambda: K.rmsnorm(x, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
-        (rmsnorm_path, lambda: K.rmsnorm_fast(x, w, 1e-6, "torch")),
+        (rmsnorm_path, lambda: K.rmsnorm_fast(x, w, 1e-6, "torch", numerics=K.CUDA_NUMERICS)),
         (rmsnorm_path, lambda: K.rmsnorm_modulate(x, gate, gate, w, 1e-6, "diffusers", numerics=K.CUDA_NUMERICS)),
     ]
     calls.append((gated_path, lambda: G.gated_residual(x, u, gate)))  # x misaligned when offset is odd

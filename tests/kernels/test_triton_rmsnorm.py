@@ -10,7 +10,11 @@ eager PyTorch is checked by the GPU tests (>= 16M elements per shape).
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,13 +24,24 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
-from xbackend.kernels import triton_rmsnorm as K
+import triton.language as tl
+import xbackend_cuda.launch as nvidia
+import xbackend_rocm.launch as amd
+
+from xbackend.kernels import rmsnorm as K
+from xbackend.kernels.rmsnorm import exact as E
+from xbackend.kernels.rmsnorm import fast as F_
+from xbackend.kernels.rmsnorm import launch as L
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 EPS = 1e-6
 f32 = np.float32
+# The PyTorch build the references run on and its vendor's launch traits (a test may probe the vendor;
+# the shared kernel modules never do).
+NUM, TRAITS = (amd.NUMERICS, amd.LAUNCH) if torch.version.hip else (nvidia.NUMERICS, nvidia.LAUNCH)
+DEFAULT_SCHEDULE = K.Schedule()
 
 
 def _ref(x, w, eps, flavour):
@@ -96,7 +111,7 @@ def _emulate_mean(x: np.ndarray, num: K.Numerics) -> np.ndarray:
     """Reduce.cuh ReduceOp<MeanOps> on x.float().pow(2) for every row, with setReduceConfig's shape."""
     m, d = x.shape
     q = (x * x).astype(f32)
-    vectorize, bw, y, _ = K._mean_config(m, d, num.warp)
+    vectorize, bw, y, _ = E.mean_config(m, d, num.warp)
     stride = bw * y
     v = np.zeros((m, y, bw), f32)
     for yy in range(y):
@@ -146,10 +161,8 @@ def _emulate_mean(x: np.ndarray, num: K.Numerics) -> np.ndarray:
         return v
 
     v = block_y(block_x(v)) if num.mean_x_first else block_x(block_y(v))
-    return (v[:, 0, 0] * f32(K._mean_factor(m, d))).astype(f32)
+    return (v[:, 0, 0] * f32(E.mean_factor(m, d))).astype(f32)
 
-
-NUM = K.default_numerics()
 
 TORCH_ORDER_CASES = [
     ((4, 64), NUM),
@@ -158,7 +171,7 @@ TORCH_ORDER_CASES = [
     ((2, 3072), NUM),
     ((3, 4096), NUM),  # the tuned launch (2 rows per 8-warp program), odd rows
     ((3, 1000), NUM._replace(torch_threads=256)),
-    ((2, 4096), K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
+    ((2, 4096), K.ROCM_NUMERICS),
 ]
 
 
@@ -183,8 +196,8 @@ MEAN_ORDER_CASES = [
     ((18, 8192), NUM),  # rows split across 16 warps: block-y tree
     ((17, 1000), NUM._replace(mean_shfl_increasing=True)),
     ((18, 8192), NUM._replace(mean_x_first=False)),
-    ((20, 65), K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
-    ((17, 1000), K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
+    ((20, 65), K.ROCM_NUMERICS),
+    ((17, 1000), K.ROCM_NUMERICS),
 ]
 
 
@@ -196,22 +209,21 @@ def test_diffusers_flavour_order_matches_aten_transliteration(shape, num):
 
 
 @pytest.mark.parametrize("flavour,shape", [("torch", (3, 1000)), ("diffusers", (17, 1000)), ("diffusers", (9, 65))])
-@pytest.mark.parametrize("arrangement", [K.ARR_ARKB, K.ARR_BARK, K.ARR_MERGED])
+@pytest.mark.parametrize("arrangement", [K.ARR_ARKB, K.ARR_MERGED])
 @pytest.mark.parametrize("rows_per_program", [1, 2])
 def test_tile_arrangement_never_changes_bits(flavour, shape, arrangement, rows_per_program):
     """The arrangement only steers Triton's layouts: outputs and statistics are identical."""
     x = _rand(shape, torch.bfloat16, seed=7)
     w = _rand(shape[-1], torch.bfloat16, seed=8, scale=0.5, offset=1.0)
-    num = K.default_numerics()
-    got_stat = torch.empty(shape[0], device=DEV)
-    got = K._launch_exact(x, w, None, None, EPS, flavour, num, rows_per_program, 2, got_stat, arrangement, True)
-    ref_stat = torch.empty(shape[0], device=DEV)
-    ref = K._launch_exact(x, w, None, None, EPS, flavour, num, 1, 4, ref_stat, K.ARR_ARKB, False)
+    tried = K.Schedule(rows_per_program=rows_per_program, num_warps=2, arrangement=arrangement)
+    baseline = K.Schedule(rows_per_program=1, num_warps=4, arrangement=K.ARR_ARKB)
+    got, got_stat = K.rmsnorm_stats(x, w, EPS, flavour, numerics=NUM, schedule=tried)
+    ref, ref_stat = K.rmsnorm_stats(x, w, EPS, flavour, numerics=NUM, schedule=baseline)
     assert torch.equal(got, ref) and torch.equal(got_stat, ref_stat)
     scale = _rand((shape[0], 1), torch.bfloat16, seed=9, scale=0.3)
     shift = _rand((1, shape[1]), torch.bfloat16, seed=10)
-    got = K._launch_exact(x, w, scale, shift, EPS, flavour, num, rows_per_program, 2, None, arrangement, True)
-    ref = K._launch_exact(x, w, scale, shift, EPS, flavour, num, 1, 4, None, K.ARR_ARKB, False)
+    got = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour, numerics=NUM, schedule=tried)
+    ref = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour, numerics=NUM, schedule=baseline)
     assert torch.equal(got, ref)
 
 
@@ -229,13 +241,13 @@ def test_transliterations_tell_orders_apart():
 
 def test_mean_config_follows_set_reduce_config():
     # (rows, D) -> (vectorize_input, block width, warps sharing a row, ctas per row)
-    assert K._mean_config(32640, 4096, 32) == (True, 32, 1, 1)
-    assert K._mean_config(1, 4096, 32) == (True, 512, 1, 1)
-    assert K._mean_config(8, 1000, 32) == (True, 64, 1, 1)
-    assert K._mean_config(16, 8192, 32) == (True, 32, 16, 1)
-    assert K._mean_config(4096, 64, 32) == (False, 32, 1, 1)
-    assert isinstance(K._mean_config(4, 1 << 20, 32), str)  # global reduce: rejected
-    assert K._mean_factor(3, 1000) == float(f32(3) / f32(3000))
+    assert E.mean_config(32640, 4096, 32) == (True, 32, 1, 1)
+    assert E.mean_config(1, 4096, 32) == (True, 512, 1, 1)
+    assert E.mean_config(8, 1000, 32) == (True, 64, 1, 1)
+    assert E.mean_config(16, 8192, 32) == (True, 32, 16, 1)
+    assert E.mean_config(4096, 64, 32) == (False, 32, 1, 1)
+    assert isinstance(E.mean_config(4, 1 << 20, 32), str)  # global reduce: rejected
+    assert E.mean_factor(3, 1000) == float(f32(3) / f32(3000))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,8 +271,8 @@ RMS_CASES = [
 def test_rmsnorm_close_to_reference(flavour, shape, dtype, with_weight):
     x = _rand(shape, dtype, seed=1)
     w = _rand(shape[-1], dtype, seed=2, scale=0.5, offset=1.0) if with_weight else None
-    assert K.supports_rmsnorm(x, w, EPS, flavour) is None
-    out = K.rmsnorm(x, w, EPS, flavour)
+    assert K.supports_rmsnorm(x, w, EPS, flavour, numerics=NUM) is None
+    out = K.rmsnorm(x, w, EPS, flavour, numerics=NUM)
     assert out.is_contiguous()
     _assert_close(out, _ref(x, w, EPS, flavour), dtype)
 
@@ -270,35 +282,65 @@ def test_d4096_default_launch(flavour):
     """The benchmark shape's defaults (the diffusers modulate uses the [A*B, R, K] arrangement)."""
     x = _rand((2, 1, 4096), torch.bfloat16, seed=5)
     w = _rand(4096, torch.bfloat16, seed=6, scale=0.5, offset=1.0)
-    _assert_close(K.rmsnorm(x, w, EPS, flavour), _ref(x, w, EPS, flavour), torch.bfloat16)
+    _assert_close(K.rmsnorm(x, w, EPS, flavour, numerics=NUM), _ref(x, w, EPS, flavour), torch.bfloat16)
     scale = _rand((2, 1, 4096), torch.bfloat16, seed=7, scale=0.3)
     shift = _rand((2, 1, 4096), torch.bfloat16, seed=8)
-    out = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour)
+    out = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour, numerics=NUM)
     extra = (_ref(x, w, EPS, flavour) * (1 + scale)).double().abs()
     _assert_close(out, _ref_mod(x, scale, shift, w, EPS, flavour), torch.bfloat16, extra)
 
 
+def _single_plan(numerics, traits, schedule=DEFAULT_SCHEDULE):
+    """The one launch plan a fresh launcher of this variant holds after a call (its plans are cleared)."""
+    run = L.launcher(L.Variant(True, numerics, traits, schedule))
+    run.plans.clear()
+    return run
+
+
 def test_d4096_torch_flavour_takes_the_tuned_launch():
-    """Plain torch-flavour norms at D=4096 run two rows per 8-warp program (measured, _CUDA_TORCH_TUNED);
-    an odd row count leaves the last program half masked."""
+    """Under the NVIDIA backend's traits, plain torch-flavour norms at D=4096 run two rows per 8-warp
+    program (measured on the H200); an odd row count leaves the last program half masked."""
     x = _rand((3, 4096), torch.bfloat16, seed=9)
     w = _rand(4096, torch.bfloat16, seed=10, scale=0.5, offset=1.0)
-    K._LAUNCHES.clear()
-    _assert_close(K.rmsnorm(x, w, EPS, "torch"), _ref(x, w, EPS, "torch"), torch.bfloat16)
-    (lp,) = K._LAUNCHES.values()
+    run = _single_plan(nvidia.NUMERICS, nvidia.LAUNCH)
+    _assert_close(run(x, w, None, None, EPS, "torch"), _ref(x, w, EPS, "torch"), torch.bfloat16)
+    (lp,) = run.plans.values()
     assert lp.grid == (2,) and lp.options["num_warps"] == 8
     untuned = [
-        lambda: K.rmsnorm(x, w, EPS, "diffusers"),  # 25-45% slower tuned that way
-        lambda: K.rmsnorm_modulate(x, x[:1], x[:1], w, EPS, "torch"),  # not measured
-        lambda: K.rmsnorm(x, w, EPS, "torch", rows_per_program=1),  # an explicit config wins
-        lambda: K.rmsnorm(x.float(), w.float(), EPS, "torch"),  # fp32 rows: not measured
-        lambda: K.rmsnorm(x, w, EPS, "torch", numerics=K.ROCM_NUMERICS._replace(rsqrt=K.RSQRT_MATH)),
+        (nvidia.NUMERICS, nvidia.LAUNCH, K.Schedule(), (x, w, None, None), "diffusers"),  # 25-45% slower that way
+        (nvidia.NUMERICS, nvidia.LAUNCH, K.Schedule(), (x, w, x[:1], x[:1]), "torch"),  # the modulate: not measured
+        (nvidia.NUMERICS, nvidia.LAUNCH, K.Schedule(rows_per_program=1), (x, w, None, None), "torch"),  # explicit wins
+        (nvidia.NUMERICS, nvidia.LAUNCH, K.Schedule(), (x.float(), w.float(), None, None), "torch"),  # fp32: unmeasured
+        (amd.NUMERICS, amd.LAUNCH, K.Schedule(), (x, w, None, None), "torch"),  # AMD tunes nothing
+        (nvidia.NUMERICS, K.LaunchTraits(), K.Schedule(), (x, w, None, None), "torch"),  # no vendor, no table
     ]
-    for run in untuned:
-        K._LAUNCHES.clear()
-        run()
-        (lp,) = K._LAUNCHES.values()
+    for numerics, traits, schedule, args, flavour in untuned:
+        run = _single_plan(numerics, traits, schedule)
+        run(*args, EPS, flavour)
+        (lp,) = run.plans.values()
         assert lp.grid == (3,)  # one row per program
+
+
+def test_constexpr_records_name_the_kernels_constexprs_in_order():
+    """The launch passes every kernel argument by position (the compiled launcher takes no names): the
+    constexpr records' fields are the kernels' trailing constexpr parameters, in signature order."""
+    for kernel, record in ((E._rmsnorm_exact_kernel, E.ExactConstexprs), (F_._rmsnorm_fast_kernel, F_.FastConstexprs)):
+        params = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters.values())
+        constexprs = [p.name for p in params if p.annotation in (tl.constexpr, "tl.constexpr")]
+        assert constexprs == list(record._fields) == [p.name for p in params[-len(constexprs) :]]
+
+
+def test_numerics_are_data_and_no_shared_kernel_probes_the_vendor():
+    """The porting surface: each record says which PyTorch versions it was read from and where it ran;
+    which record applies is the backend's choice, never a probe inside a shared kernel module."""
+    assert K.CUDA_NUMERICS.verified_on and K.CUDA_NUMERICS.verified_on[0].torch.startswith("2.11")
+    assert K.ROCM_NUMERICS.verified_on == () and "2.11" in K.ROCM_NUMERICS.torch_versions
+    assert nvidia.NUMERICS is K.CUDA_NUMERICS and amd.NUMERICS is K.ROCM_NUMERICS
+    kernels = Path(E.__file__).parent.parent
+    vendor_only = {"_cuda_build.py"}  # the CUDA C++ extension's build helper
+    for path in sorted(kernels.rglob("*.py")):
+        if path.name not in vendor_only:
+            assert not re.search(r"version\.hip|version\.cuda", path.read_text()), path
 
 
 # (x shape, scale/shift shape): every broadcast form the op promises
@@ -323,11 +365,11 @@ def test_rmsnorm_modulate_close_to_reference(x_shape, s_shape, flavour, dtype):
     ref = _ref_mod(x, scale, shift, w, EPS, flavour)
     # error scale: the rounding of n * (1 + scale) before the shift is added
     extra = (_ref(x, w, EPS, flavour) * (1 + scale)).double().abs()
-    if K.supports_rmsnorm_modulate(x, scale, shift, w, EPS, flavour) is None:
-        _assert_close(K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour), ref, dtype, extra)
+    if K.supports_rmsnorm_modulate(x, scale, shift, w, EPS, flavour, numerics=NUM) is None:
+        _assert_close(K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour, numerics=NUM), ref, dtype, extra)
     else:
         assert flavour == "torch" and x_shape[-1] % 4
-    _assert_close(K.rmsnorm_modulate_fast(x, scale, shift, w, EPS, flavour), ref, dtype, extra)
+    _assert_close(K.rmsnorm_modulate_fast(x, scale, shift, w, EPS, flavour, numerics=NUM), ref, dtype, extra)
 
 
 @pytest.mark.parametrize("flavour", K.FLAVOURS)
@@ -336,7 +378,7 @@ def test_fast_close_to_reference(flavour, shape):
     x = _rand(shape, torch.bfloat16, seed=21)
     w = _rand(shape[-1], torch.bfloat16, seed=22, scale=0.5, offset=1.0)
     assert K.supports_rmsnorm_fast(x, w, EPS, flavour) is None
-    _assert_close(K.rmsnorm_fast(x, w, EPS, flavour), _ref(x, w, EPS, flavour), torch.bfloat16)
+    _assert_close(K.rmsnorm_fast(x, w, EPS, flavour, numerics=NUM), _ref(x, w, EPS, flavour), torch.bfloat16)
 
 
 @pytest.mark.parametrize("flavour", K.FLAVOURS)
@@ -345,10 +387,10 @@ def test_empty_rows(flavour):
     w = torch.ones(64, dtype=torch.bfloat16, device=DEV)
     s = torch.zeros(0, 1, 64, dtype=torch.bfloat16, device=DEV)
     for out in (
-        K.rmsnorm(x, w, EPS, flavour),
-        K.rmsnorm_modulate(x, s, s, w, EPS, flavour),
-        K.rmsnorm_fast(x, None, EPS, flavour),
-        K.rmsnorm_modulate_fast(x, s, s, None, EPS, flavour),
+        K.rmsnorm(x, w, EPS, flavour, numerics=NUM),
+        K.rmsnorm_modulate(x, s, s, w, EPS, flavour, numerics=NUM),
+        K.rmsnorm_fast(x, None, EPS, flavour, numerics=NUM),
+        K.rmsnorm_modulate_fast(x, s, s, None, EPS, flavour, numerics=NUM),
     ):
         assert out.shape == x.shape and out.dtype == x.dtype
 
@@ -360,18 +402,20 @@ def test_strided_inputs_equal_contiguous(flavour):
     w = _rand(64, torch.bfloat16, seed=32, scale=0.5, offset=1.0)
     for x in (base[:, :, :64], base[:, :, 8:72].transpose(0, 1)):
         assert not x.is_contiguous()
-        assert torch.equal(K.rmsnorm(x, w, EPS, flavour), K.rmsnorm(x.contiguous(), w, EPS, flavour))
+        want = K.rmsnorm(x.contiguous(), w, EPS, flavour, numerics=NUM)
+        assert torch.equal(K.rmsnorm(x, w, EPS, flavour, numerics=NUM), want)
     s = _rand((4, 6, 1, 64), torch.bfloat16, seed=33)[:, :, :, :].transpose(0, 1)  # [6, 4, 1, 64] view
     x = base[:, :, :64].unsqueeze(2)  # [6, 4, 1, 64]
-    got = K.rmsnorm_modulate(x, s, s, w, EPS, flavour)
-    assert torch.equal(got, K.rmsnorm_modulate(x.contiguous(), s.contiguous(), s.contiguous(), w, EPS, flavour))
+    got = K.rmsnorm_modulate(x, s, s, w, EPS, flavour, numerics=NUM)
+    want = K.rmsnorm_modulate(x.contiguous(), s.contiguous(), s.contiguous(), w, EPS, flavour, numerics=NUM)
+    assert torch.equal(got, want)
 
 
 def test_bcast_layout_addresses_expanded_operand():
     x_shape = torch.Size((3, 4, 5, 6))
     for s_shape in [(6,), (1, 1, 1, 6), (3, 1, 1, 6), (3, 4, 5, 6), (3, 1, 5, 6), (1, 4, 1, 6)]:
         t = torch.arange(float(np.prod(s_shape))).reshape(s_shape)
-        te, inner, s_outer, s_inner, s_col = K._bcast_layout(t, x_shape)
+        te, inner, s_outer, s_inner, s_col = L.bcast_layout(t, x_shape)
         rows = torch.arange(3 * 4 * 5)[:, None]
         cols = torch.arange(6)[None, :]
         off = (rows // inner) * s_outer + (rows % inner) * s_inner + cols * s_col
@@ -383,20 +427,20 @@ def test_bcast_layout_addresses_expanded_operand():
 def test_supports_reasons():
     x = _rand((4, 64), torch.bfloat16, seed=41)
     w = _rand(64, torch.bfloat16, seed=42)
-    assert K.supports_rmsnorm(x, w, EPS, "torch") is None
-    assert "D % 4" in K.supports_rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch")
-    assert "D % 4" in K.supports_rmsnorm(_rand((4, 130), torch.bfloat16, seed=1), None, EPS, "diffusers")
-    assert K.supports_rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "diffusers") is None
+    assert K.supports_rmsnorm(x, w, EPS, "torch", numerics=NUM) is None
+    assert "D % 4" in K.supports_rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch", numerics=NUM)
+    assert "D % 4" in K.supports_rmsnorm(_rand((4, 130), torch.bfloat16, seed=1), None, EPS, "diffusers", numerics=NUM)
+    assert K.supports_rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "diffusers", numerics=NUM) is None
     misaligned = _rand((4 * 64 + 1,), torch.bfloat16, seed=43)[1:].view(4, 64)
-    assert "aligned" in K.supports_rmsnorm(misaligned, w, EPS, "torch")
-    assert K.supports_rmsnorm(misaligned, w, EPS, "diffusers") is None  # the mean reads a fresh copy
-    assert "dtype" in K.supports_rmsnorm(x.double(), None, EPS, "torch")
-    assert "weight" in K.supports_rmsnorm(x, w.float(), EPS, "torch")
-    assert "flavour" in K.supports_rmsnorm(x, w, EPS, "apex")
-    assert "broadcast" in K.supports_rmsnorm_modulate(x, x[:2], x[:2], w, EPS, "torch")
+    assert "aligned" in K.supports_rmsnorm(misaligned, w, EPS, "torch", numerics=NUM)
+    assert K.supports_rmsnorm(misaligned, w, EPS, "diffusers", numerics=NUM) is None  # the mean reads a fresh copy
+    assert "dtype" in K.supports_rmsnorm(x.double(), None, EPS, "torch", numerics=NUM)
+    assert "weight" in K.supports_rmsnorm(x, w.float(), EPS, "torch", numerics=NUM)
+    assert "flavour" in K.supports_rmsnorm(x, w, EPS, "apex", numerics=NUM)
+    assert "broadcast" in K.supports_rmsnorm_modulate(x, x[:2], x[:2], w, EPS, "torch", numerics=NUM)
     assert K.supports_rmsnorm_fast(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch") is None
     with pytest.raises(ValueError, match="D % 4"):
-        K.rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch")
+        K.rmsnorm(_rand((4, 65), torch.bfloat16, seed=1), None, EPS, "torch", numerics=NUM)
 
 
 def test_misaligned_calls_fall_back_per_call_not_per_shape():
@@ -406,16 +450,16 @@ def test_misaligned_calls_fall_back_per_call_not_per_shape():
     w = _rand(64, torch.bfloat16, seed=42)
     base = _rand((4 * 64 + 1,), torch.bfloat16, seed=43)
     aligned, misaligned = base[:-1].view(4, 64), base[1:].view(4, 64)
-    assert K.supports_rmsnorm(misaligned, w, EPS, "torch", alignment=False) is None
+    assert K.supports_rmsnorm(misaligned, w, EPS, "torch", alignment=False, numerics=NUM) is None
     with pytest.raises(K.NotVectorizable):
-        K.rmsnorm(misaligned, w, EPS, "torch")
+        K.rmsnorm(misaligned, w, EPS, "torch", numerics=NUM)
     fallbacks = []
 
     def reference(x, weight, eps, flavour):
         fallbacks.append(x.data_ptr())
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
-    impl = K.rmsnorm_with(K.default_numerics(), reference)
+    impl = K.rmsnorm_with(NUM, reference)
     impl(aligned, w, EPS, "torch")
     assert fallbacks == []
     out = impl(misaligned, w, EPS, "torch")
@@ -443,23 +487,30 @@ GPU_RMS = (
 )
 
 
-def test_pdl_only_on_cuda_compute_capability_9_and_up(monkeypatch):
-    """Programmatic dependent launch needs Hopper's griddepcontrol; never on ROCm or the interpreter."""
-    for hip, cap, want in [(None, (9, 0), True), (None, (10, 3), True), (None, (8, 9), False), ("6.4", (9, 4), False)]:
-        K._pdl_capable.cache_clear()
-        monkeypatch.setattr(torch.version, "hip", hip)
+def test_pdl_comes_from_the_vendors_traits(monkeypatch):
+    """Programmatic dependent launch needs Hopper's griddepcontrol: the NVIDIA traits ask for compute
+    capability 9+, the AMD traits never; no PDL for a CPU tensor or under the interpreter."""
+    for cap, want in [((9, 0), True), ((10, 3), True), ((8, 9), False)]:
+        L._pdl_capable.cache_clear()
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None, cap=cap: cap)
-        assert K._pdl_capable(0) is want
-    K._pdl_capable.cache_clear()
+        assert L._pdl_capable(0, nvidia.LAUNCH.pdl_min_major) is (want and L.gdc_wait is not None)
+    assert amd.LAUNCH.pdl_min_major is None and K.LaunchTraits().pdl_min_major is None
+    on_gpu = SimpleNamespace(is_cuda=True, get_device=lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
+    L._pdl_capable.cache_clear()
+    monkeypatch.setattr(L, "interpreting", lambda: False)
+    assert L.use_pdl(on_gpu, nvidia.LAUNCH) is (L.gdc_wait is not None)
+    assert not L.use_pdl(on_gpu, amd.LAUNCH) and not L.use_pdl(on_gpu, K.LaunchTraits())
+    monkeypatch.setattr(L, "interpreting", lambda: True)
+    assert not L.use_pdl(on_gpu, nvidia.LAUNCH)
+    L._pdl_capable.cache_clear()
     x = _rand((3, 64), torch.float32, seed=13)
-    assert not K._use_pdl(x)  # not a CUDA tensor
-    K._LAUNCHES.clear()
-    K.rmsnorm(x, None, EPS, "torch")
-    (lp,) = K._LAUNCHES.values()
-    assert "launch_pdl" not in lp.options and lp.consts[-1] is False
-    monkeypatch.setattr(K, "_PDL", True)  # the knob overrides the probe
-    assert K._use_pdl(x)
-    K._LAUNCHES.clear()
+    if not x.is_cuda:
+        assert not L.use_pdl(x, nvidia.LAUNCH)  # not a CUDA tensor
+        run = _single_plan(nvidia.NUMERICS, nvidia.LAUNCH)
+        run(x, None, None, None, EPS, "torch")
+        (lp,) = run.plans.values()
+        assert "launch_pdl" not in lp.options and lp.consts.PDL is False
 
 
 @pytest.mark.gpu
@@ -469,15 +520,15 @@ def test_gpu_pdl_launches_chain_exactly():
     output stays bit-identical (each program waits for the previous grid before loading)."""
     x = _rand((4096, 4096), torch.bfloat16, seed=14)
     w = _rand(4096, torch.bfloat16, seed=15, scale=0.5, offset=1.0)
-    K._LAUNCHES.clear()
+    run = _single_plan(NUM, TRAITS)
     y = x
     for _ in range(8):  # back to back: each launch may start while the previous one drains
-        y = K.rmsnorm(y, w, EPS, "torch")
+        y = run(y, w, None, None, EPS, "torch")
     want = x
     for _ in range(8):
         want = _ref(want, w, EPS, "torch")
     assert torch.equal(y, want)
-    (lp,) = K._LAUNCHES.values()
+    (lp,) = run.plans.values()
     hopper = torch.cuda.get_device_capability()[0] >= 9 and torch.version.hip is None
     assert lp.options.get("launch_pdl", False) is hopper
     assert all(k.metadata.launch_pdl is hopper for k in lp.kernels.values())
@@ -488,7 +539,7 @@ def test_gpu_pdl_launches_chain_exactly():
 def test_gpu_rmsnorm_tuned_launch_odd_rows():
     x = _rand((4097, 4096), torch.bfloat16, seed=11)
     w = _rand(4096, torch.bfloat16, seed=12, scale=0.5, offset=1.0)
-    assert torch.equal(K.rmsnorm(x, w, EPS, "torch"), _ref(x, w, EPS, "torch"))
+    assert torch.equal(K.rmsnorm(x, w, EPS, "torch", numerics=NUM, traits=TRAITS), _ref(x, w, EPS, "torch"))
 
 
 @pytest.mark.gpu
@@ -497,7 +548,7 @@ def test_gpu_rmsnorm_tuned_launch_odd_rows():
 def test_gpu_rmsnorm_exact(flavour, d, dtype, with_weight):
     x = _rand((-(-(1 << 24) // d), d), dtype, seed=d)
     w = _rand(d, dtype, seed=d + 1, scale=0.5, offset=1.0) if with_weight else None
-    assert torch.equal(K.rmsnorm(x, w, EPS, flavour), _ref(x, w, EPS, flavour))
+    assert torch.equal(K.rmsnorm(x, w, EPS, flavour, numerics=NUM, traits=TRAITS), _ref(x, w, EPS, flavour))
 
 
 @pytest.mark.gpu
@@ -519,5 +570,5 @@ def test_gpu_rmsnorm_modulate_exact(x_shape, s_shape, flavour):
     w = _rand(x_shape[-1], dt, seed=52, scale=0.5, offset=1.0)
     scale = _rand(s_shape, dt, seed=53, scale=0.3)
     shift = _rand(s_shape, dt, seed=54)
-    out = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour)
+    out = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour, numerics=NUM, traits=TRAITS)
     assert torch.equal(out, _ref_mod(x, scale, shift, w, EPS, flavour))

@@ -206,7 +206,7 @@ def simulated_gpu(arch: str, vendor: str) -> Iterator[list[Launch]]:
     cap = _capability(arch)
     previous_driver = getattr(triton_driver, "_active", None)
     interpret = os.environ.pop("TRITON_INTERPRET", None)
-    rms = importlib.import_module("xbackend.kernels.triton_rmsnorm")
+    rms = importlib.import_module("xbackend.kernels.rmsnorm.launch")
     patches = [
         mock.patch.object(JITFunction, "run", run),
         mock.patch.object(JITFunction, "_do_compile", do_compile),

@@ -5,7 +5,7 @@ the options, hashes the lot, builds launch metadata for the hook chain, and its 
 driver about every pointer (``cuPointerGetAttribute``). For our pointwise kernels (a dozen runtime
 arguments, up to twenty constexprs) that came to ~50 µs of host per launch on the H200 host, more
 than the GPU time of the small shapes a DiT block runs (the audio stream's 126-token norms), so a
-patched block went host-bound (issue 6).
+patched block went host-bound.
 
 The first launch of each specialisation goes through Triton, which compiles and caches it; we keep the
 compiled kernel it returns. Later launches call the kernel's launcher directly, with pointers passed
@@ -16,7 +16,7 @@ tensors are on the current CUDA device). Two ways to key the compiled kernels:
   specialises on: every constexpr and option, each pointer's dtype and 16-byte alignment, and for each
   integer whether it is 1, divisible by 16, and 32- or 64-bit (``native_specialize_impl`` in Triton 3.x).
 * a caller that already holds a launch plan fixed by the inputs' metadata keys by that plan plus the
-  pointers' alignments and calls :func:`launch_compiled` itself (``triton_rmsnorm`` does).
+  pointers' alignments and calls :func:`launch_compiled` itself (``rmsnorm.launch.Launcher`` does).
 
 The interpreter, launch hooks (profilers such as proton install them) and argument types not listed
 above go through Triton's own path. Not honoured after a kernel's first launch: Triton debug or

@@ -1,7 +1,7 @@
 """Triton q/k RMSNorm + RoPE (interleaved or split) in one pass, bit-exact to the two eager references composed.
 
 One program per row (or ``R`` rows) loads that row of cos and sin once, then for q and for k: loads the
-row, computes the flavour's statistic in PyTorch's exact reduction order (``triton_rmsnorm._row_stat``,
+row, computes the flavour's statistic in PyTorch's exact reduction order (``rmsnorm.primitives.row_stat``,
 the same code as the RMSNorm kernels), normalizes and rounds to q's dtype as eager does, and rotates
 the rounded values with eager's fp32 roundings (``triton_rotary``'s arithmetic). The tile is the
 RMSNorm kernel's ``[A, R, K, B]`` arrangement: row element ``(k*A + a)*B + b``.
@@ -29,11 +29,20 @@ import torch
 import triton
 import triton.language as tl
 
-from xbackend.kernels import triton_rmsnorm as rms
 from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.rmsnorm.exact import f32
+from xbackend.kernels.rmsnorm.launch import Schedule, bcast_layout, exact_schedule, meta
+from xbackend.kernels.rmsnorm.numerics import FLAVOURS, RSQRT_MATH, Numerics
+from xbackend.kernels.rmsnorm.primitives import ARR_ARKB, normalize, row_stat, rsqrt
+from xbackend.kernels.rmsnorm.supports import (
+    ALIGN_REASON,
+    DTYPES,
+    NotVectorizable,
+    aten_vectorizes,
+    exact_reason,
+    interpreting,
+)
 from xbackend.kernels.triton_rotary import _analyze_split, _row_view
-
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
@@ -68,14 +77,14 @@ def _norm_rope_rows(
     ``c1, c2, s1, s2`` = (even, odd channels) of cos and of sin; split ``c1 = c2`` = cos, ``s1 = s2`` =
     sin, per half-head channel ([G, H2, R, K, B])."""
     x = tl.load(x_ptr + rr * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    stat = rms._row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, rms.ARR_ARKB, LANES, BW, Y, SHFL_ADJ, X_FIRST)
-    rstd = rms._rsqrt(stat + eps, RSQRT)[None, :, None, None]
+    stat = row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, ARR_ARKB, LANES, BW, Y, SHFL_ADJ, X_FIRST)
+    rstd = rsqrt(stat + eps, RSQRT)[None, :, None, None]
     if HAS_W:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     else:
         w = x  # unused
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
-    y = rms._normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype).to(tl.float32)
+    y = normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype).to(tl.float32)
     if SPLIT:
         # eager: out = x.float() * cos (rounded); addcmul_ is aten's std::fma(tensor1, tensor2, out)
         y1, y2 = _halves(y, G, H2)
@@ -180,17 +189,17 @@ _PLANS: dict[tuple, _Plan | str] = {}
 _MAX_PLANS = 4096
 
 
-def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.Numerics,
+def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: Numerics,
              num_warps: int | None) -> _Plan | str:  # fmt: skip
     if k.shape != q.shape or k.dtype != q.dtype or k.device != q.device:
         return "q and k differ in shape, dtype or device"
     if (q_weight is None) != (k_weight is None):
         return "one of q_weight/k_weight is None"
     for x, w in ((q, q_weight), (k, k_weight)):
-        reason = rms._exact_reason(x, w, flavour, num, False)
+        reason = exact_reason(x, w, flavour, num, False)
         if reason:
             return reason
-    if cos.dtype not in _DTYPES or sin.dtype not in _DTYPES:
+    if cos.dtype not in DTYPES or sin.dtype not in DTYPES:
         return "cos/sin dtype must be bf16/fp16/fp32"
     if cos.device != q.device or sin.device != q.device:
         return "cos/sin on another device"
@@ -203,7 +212,7 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.
         return "q/k rows are not one strided view with a contiguous last dim"
     d = q.shape[-1]
     m = q.numel() // max(d, 1)
-    plan, factor, r, warps = rms._exact_schedule(m, d, flavour, num, None, num_warps)
+    plan, factor, r, warps = exact_schedule(m, d, flavour, num, Schedule(num_warps=num_warps))
     if layout == "split":
         split = _analyze_split(q, cos)
         if isinstance(split, str):
@@ -221,16 +230,16 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.
                 return "cos/sin broadcasting would grow q"
         except RuntimeError:
             return "cos/sin do not broadcast to q"
-        f_lay = rms._bcast_layout(cos, q.shape, copy=False)
+        f_lay = bcast_layout(cos, q.shape, copy=False)
         if f_lay is None or (q.shape[-1] > 1 and f_lay[4] != 1):
             return "cos/sin rows need more than two strides or a non-unit column stride"
         _, inner, s_outer, s_inner, _ = f_lay
         if plan.b % 2:
             return "tile vectors of odd width (D < 2)"
         f_layout, g, h2 = (inner, s_outer, s_inner, 0), 1, 1
-    consts = (rms._f32(eps), factor, d, rms.FLAVOURS.index(flavour), q_weight is not None, r, plan.k, plan.a,
+    consts = (f32(eps), factor, d, FLAVOURS.index(flavour), q_weight is not None, r, plan.k, plan.a,
               plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing, num.mean_x_first,
-              num.rsqrt, layout == "split", g, h2)  # fmt: skip
+              RSQRT_MATH if interpreting() else num.rsqrt, layout == "split", g, h2)  # fmt: skip
     return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), f_layout, consts, warps,
                  flavour == "torch")  # fmt: skip
 
@@ -238,7 +247,7 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: rms.
 def _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_warps=None) -> _Plan | str:
     # Shapes, strides and dtypes fix the plan, so the analysis runs once per geometry.
     key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-           None if q_weight is None else rms._meta(q_weight), None if k_weight is None else rms._meta(k_weight),
+           None if q_weight is None else meta(q_weight), None if k_weight is None else meta(k_weight),
            cos.shape, cos.stride(), cos.dtype, cos.device, sin.shape, sin.stride(), sin.dtype, sin.device,
            eps, flavour, layout, num, num_warps)  # fmt: skip
     plan = _PLANS.get(key)
@@ -250,26 +259,24 @@ def _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_war
 
 
 def supports(
-    q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, *, numerics: rms.Numerics | None = None
+    q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, *, numerics: Numerics
 ) -> str | None:
     """Why the kernel cannot reproduce the reference on these inputs, or None (shapes only: answers for
-    meta tensors; pointer alignment is checked per call)."""
-    plan = _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics or rms.default_numerics(q))
+    meta tensors; pointer alignment is checked per call). ``numerics``: the PyTorch build to reproduce."""
+    plan = _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics)
     return plan if isinstance(plan, str) else None
 
 
 def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", layout="interleaved", *,
-                 numerics: rms.Numerics | None = None, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                 numerics: Numerics, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``reference(...)`` of ``xbackend.ops.qk_norm_rope`` as one kernel, bit-identical on the same GPU.
     Raises ValueError where ``supports`` gives a reason, ``NotVectorizable`` for a misaligned
     torch-flavour call."""
-    plan = _plan(
-        q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics or rms.default_numerics(q), num_warps
-    )
+    plan = _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics, num_warps)
     if isinstance(plan, str):
         raise ValueError(f"triton qk_norm_rope: {plan}")
-    if plan.check_alignment and not (rms._aten_vectorizes(q, q_weight) and rms._aten_vectorizes(k, k_weight)):
-        raise rms.NotVectorizable(f"triton qk_norm_rope: {rms._ALIGN_REASON}")
+    if plan.check_alignment and not (aten_vectorizes(q, q_weight) and aten_vectorizes(k, k_weight)):
+        raise NotVectorizable(f"triton qk_norm_rope: {ALIGN_REASON}")
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
     if plan.rows == 0 or q.shape[-1] == 0:
@@ -282,14 +289,14 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", 
     return q_out, k_out
 
 
-def qk_norm_rope_with(numerics: rms.Numerics, fallback: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
+def qk_norm_rope_with(numerics: Numerics, fallback: Callable[..., tuple[torch.Tensor, torch.Tensor]]):
     """``qk_norm_rope`` for one fixed ``numerics`` (a backend's registered impl). A call whose pointers aten
     would not vectorize returns ``fallback(...)`` (the op's reference) for that call."""
 
     def qk_norm_rope_fixed(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout):
         try:
             return qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics=numerics)
-        except rms.NotVectorizable:
+        except NotVectorizable:
             return fallback(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout)
 
     return qk_norm_rope_fixed

@@ -1,0 +1,253 @@
+"""The exact RMSNorm (+ adaLN modulate) kernel and the tile it loads: aten's thread block, emulated.
+
+``_rmsnorm_exact_kernel`` loads a tile of R rows whose axes are the emulated aten kernel's (thread,
+vector lane, loop iteration), computes each row's statistic in that kernel's order (``row_stat``),
+then normalizes (and modulates) with eager's roundings. The host side here derives the tile from a
+``Numerics`` record and the row shape, as aten derives its launch:
+
+* "torch" (``layer_norm_kernel.cu``): ``torch_threads`` threads, 4-element vectors, thread ``t`` reads
+  vectors ``t, t + threads, ..``: tile [K, A = threads, B = 4].
+* "diffusers" (``Reduce.cuh`` ``setReduceConfig`` for fp32 [M, D] reduced over D): block width ``bw``
+  and height, rows split across ``Y`` warps for long rows; vectorized when D >= 128 (tile [K, A =
+  threads, B = 4]), else ``MEAN_VEC`` strided accumulators per thread (tile [K, A = 4, B = threads]).
+
+K is padded to a power of two; masked padding adds exact zeros at the end of every fold.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+import triton
+import triton.language as tl
+
+try:  # Triton >= 3.4; without it the kernel is never launched with PDL (launch.pdl_capable)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton, or a build without the NVIDIA backend
+    gdc_launch_dependents = gdc_wait = None
+
+from xbackend.kernels.rmsnorm.numerics import MEAN_VEC, TORCH_VEC, Numerics
+from xbackend.kernels.rmsnorm.primitives import (
+    ARR_ARKB,
+    FLAVOUR_TORCH,
+    bcast_ptrs,
+    modulate,
+    normalize,
+    row_stat,
+    rsqrt,
+)
+
+COL_STRIDE = 1  # the exact kernel's col_stride argument (see the kernel)
+MAX_EXACT_D = 16384  # longest fold the kernel unrolls: 128 steps (torch) / 64 steps (mean)
+# Reduce.cuh setReduceConfig's constants (the same in every build this reproduces):
+MEAN_MAX_THREADS = 512  # mnt_wrapper<float>::MAX_NUM_THREADS
+MEAN_VECTORIZE_D = 128  # the input is vectorized from this row length on
+MEAN_SPLIT_PER_WARP = 16  # warp_split_threshold = min(block_height * 16, max_values_per_thread)
+MEAN_MAX_VALUES = 256  # max_values_per_thread: above it a row is split across blocks (a global reduce)
+
+
+# col_stride is always COL_STRIDE and unread: it stays a runtime parameter (do_not_specialize) so the
+# kernel's parameter list, and with it the PTX, is the one verified bit-exact on the H200.
+@triton.jit(do_not_specialize=["col_stride"])
+def _rmsnorm_exact_kernel(
+    x_ptr,
+    w_ptr,
+    sc_ptr,
+    sh_ptr,
+    out_ptr,
+    stat_ptr,
+    M,
+    stride_xm,
+    col_stride,
+    sc_inner,
+    sc_so,
+    sc_si,
+    sc_sc,
+    sh_inner,
+    sh_so,
+    sh_si,
+    sh_sc,
+    eps,
+    factor,
+    D: tl.constexpr,
+    FLAVOUR: tl.constexpr,  # numerics.FLAVOUR_TORCH: aten fused rms_norm; FLAVOUR_DIFFUSERS: the mean reduce
+    HAS_W: tl.constexpr,
+    MODULATE: tl.constexpr,
+    STORE_STAT: tl.constexpr,  # write rstd (torch) / mean of squares (diffusers) per row
+    R: tl.constexpr,  # rows per program
+    K: tl.constexpr,  # loop iterations per thread of the emulated kernel (padded to 2^n)
+    A: tl.constexpr,  # VEC_FORM: emulated threads per row; else: vt0 accumulators
+    B: tl.constexpr,  # VEC_FORM: vector width; else: emulated threads per row
+    VEC_FORM: tl.constexpr,  # row element (k*A + a)*B + b
+    ARR: tl.constexpr,  # tile arrangement, numerics.ARR_*
+    LANES: tl.constexpr,
+    BW: tl.constexpr,  # diffusers: block width (threads in x)
+    Y: tl.constexpr,  # diffusers: threads in y sharing a row (warp split), 1 if none
+    SHFL_ADJ: tl.constexpr,
+    X_FIRST: tl.constexpr,
+    RSQRT: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.pdl_capable)
+):
+    if PDL:
+        gdc_wait()  # the previous grid may have written x: wait for it before any load
+        gdc_launch_dependents()  # the next PDL launch may start now; it waits the same way
+    # The tile's dimension order steers Triton's load layout (lanes go to the most contiguous dim,
+    # ties in dimension order), the arithmetic does not depend on it:
+    #   ARR_ARKB [A, R, K, B]: 4-element vectors, thread = emulated thread (torch: folds in registers)
+    #   ARR_MERGED [A*B, R, K]: 8-element (16-byte) vectors, two emulated threads per thread
+    pid = tl.program_id(0).to(tl.int64)
+    r1 = pid * R + tl.arange(0, R)
+    if ARR == ARR_ARKB:
+        rr = r1[None, :, None, None]
+        kk = tl.arange(0, K)[None, None, :, None]
+        toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
+    else:
+        rr = r1[None, :, None]
+        kk = tl.arange(0, K)[None, None, :]
+        toff = tl.arange(0, A * B)[:, None, None]
+    koff = kk * (A * B)
+    cols = toff + koff
+    cmask = cols < D
+    mask = (rr < M) & cmask
+    x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0)
+    x = x.to(tl.float32)
+
+    stat = row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, ARR, LANES, BW, Y, SHFL_ADJ, X_FIRST)
+    rstd = rsqrt(stat + eps, RSQRT)
+    if STORE_STAT:
+        if FLAVOUR == FLAVOUR_TORCH:
+            tl.store(stat_ptr + r1, rstd, mask=r1 < M)
+        else:
+            tl.store(stat_ptr + r1, stat, mask=r1 < M)
+
+    if ARR == ARR_ARKB:
+        rstd = rstd[None, :, None, None]
+    else:
+        rstd = rstd[None, :, None]
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    if HAS_W:
+        w = tl.load(w_ptr + toff + koff, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    else:
+        w = x  # unused
+    y = normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype)
+    if MODULATE:
+        sc = tl.load(bcast_ptrs(sc_ptr, rr, toff, koff, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
+        sh = tl.load(bcast_ptrs(sh_ptr, rr, toff, koff, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
+        y = modulate(y, sc, sh, out_dtype)
+    tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask)
+
+
+class ExactConstexprs(NamedTuple):
+    """The exact kernel's constexpr arguments, named and ordered as in its signature."""
+
+    D: int
+    FLAVOUR: int
+    HAS_W: bool
+    MODULATE: bool
+    STORE_STAT: bool
+    R: int
+    K: int
+    A: int
+    B: int
+    VEC_FORM: bool
+    ARR: int
+    LANES: int
+    BW: int
+    Y: int
+    SHFL_ADJ: bool
+    X_FIRST: bool
+    RSQRT: int
+    PDL: bool
+
+
+def last_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class Tile(NamedTuple):
+    """Tile of the exact kernel: [K, A, B] per row, plus the emulated block shape."""
+
+    k: int
+    a: int
+    b: int
+    vec_form: bool
+    bw: int
+    y: int
+
+
+@functools.lru_cache(maxsize=1024)  # pure in its ints; runs on every launch plan
+def torch_tile(d: int, num: Numerics) -> Tile:
+    """aten vectorized layer-norm kernel: torch_threads threads, vec_size 4, no tail (D % 4 == 0)."""
+    threads = num.torch_threads
+    iters = -(-(d // TORCH_VEC) // threads)
+    return Tile(k=next_pow2(iters), a=threads, b=TORCH_VEC, vec_form=True, bw=threads, y=1)
+
+
+def mean_config(m: int, d: int, warp: int) -> tuple[bool, int, int, int] | str:
+    """Reduce.cuh setReduceConfig for a contiguous fp32 [m, d] tensor reduced over its last dim.
+
+    Returns (vectorize_input, block_width, threads in y per row, ctas per output) or a reason.
+    """
+    vectorize = d >= MEAN_VECTORIZE_D  # reduction on the fastest dim, one reduce dim
+    dim0 = d // MEAN_VEC if vectorize else d
+    dim1 = m
+    dim0_pow2 = last_pow2(dim0) if dim0 < MEAN_MAX_THREADS else MEAN_MAX_THREADS
+    dim1_pow2 = last_pow2(dim1) if dim1 < MEAN_MAX_THREADS else MEAN_MAX_THREADS
+    bw = min(dim0_pow2, warp)
+    bh = min(dim1_pow2, MEAN_MAX_THREADS // bw)
+    bw = min(dim0_pow2, MEAN_MAX_THREADS // bh)
+    step_input = bw
+    values_per_thread = -(-d // step_input)
+    split_across_warps = values_per_thread >= min(bh * MEAN_SPLIT_PER_WARP, MEAN_MAX_VALUES)
+    y = bh if split_across_warps else 1
+    step_input *= y
+    if split_across_warps and -(-d // step_input) >= MEAN_MAX_VALUES:
+        return "the mean reduce would split rows across thread blocks (global reduce)"
+    return vectorize, bw, y, 1
+
+
+@functools.lru_cache(maxsize=1024)  # pure in its ints; runs on every launch plan
+def mean_tile(m: int, d: int, num: Numerics) -> Tile | str:
+    cfg = mean_config(m, d, num.warp)
+    if isinstance(cfg, str):
+        return cfg
+    vectorize, bw, y, _ = cfg
+    if vectorize and d % MEAN_VEC:
+        return "diffusers exact needs D % 4 == 0 when D >= 128 (aten shifts misaligned rows)"
+    threads = bw * y
+    if vectorize:
+        iters = -(-(d // MEAN_VEC) // threads)
+        return Tile(k=next_pow2(iters), a=threads, b=MEAN_VEC, vec_form=True, bw=bw, y=y)
+    per_thread = -(-d // threads)
+    iters = -(-per_thread // MEAN_VEC)
+    return Tile(k=next_pow2(iters), a=MEAN_VEC, b=threads, vec_form=False, bw=bw, y=y)
+
+
+def mean_factor(m: int, d: int) -> float:
+    """MeanOps factor: float(num_outputs) / numel, all in fp32 like aten."""
+    return float(np.float32(m) / np.float32(m * d))
+
+
+def f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+__all__ = [
+    "COL_STRIDE",
+    "MAX_EXACT_D",
+    "ExactConstexprs",
+    "Tile",
+    "f32",
+    "last_pow2",
+    "mean_config",
+    "mean_factor",
+    "mean_tile",
+    "next_pow2",
+    "torch_tile",
+]

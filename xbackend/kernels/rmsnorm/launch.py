@@ -1,0 +1,447 @@
+"""Planning and launching the RMSNorm kernels: schedules, vendor launch traits, the per-call fast path.
+
+A ``Launcher`` is one kernel variant (``Variant``: exact or fast, the ``Numerics`` to reproduce, the
+vendor's ``LaunchTraits``, a ``Schedule``). Called with the op's tensors, it looks up the launch plan
+fixed by their metadata (grid, constexprs, options, operand layouts; planned once per metadata key),
+re-checks the pointer alignment aten's vectorized path depends on, and launches: through Triton the
+first time for each pointer-alignment class, then through the compiled launcher directly
+(``_triton_launch.launch_compiled``), which skips ``JITFunction.run``'s per-call work.
+
+Vendor decisions arrive as data (``backends/<vendor>/launch.py`` builds the records): the numerics,
+from which compute capability the device has programmatic dependent launch, and tuned schedules. What
+this module decides by itself is about the host: under Triton's interpreter the reciprocal square root
+is ``tl.math.rsqrt`` (inline PTX cannot run there) and there is no PDL.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+
+from xbackend.kernels import _triton_launch
+from xbackend.kernels._triton_launch import direct_capable, hooked, launch_compiled
+from xbackend.kernels.rmsnorm.exact import (
+    COL_STRIDE,
+    ExactConstexprs,
+    Tile,
+    _rmsnorm_exact_kernel,
+    f32,
+    gdc_wait,
+    last_pow2,
+    mean_factor,
+    mean_tile,
+    next_pow2,
+    torch_tile,
+)
+from xbackend.kernels.rmsnorm.fast import FastConstexprs, _rmsnorm_fast_kernel
+from xbackend.kernels.rmsnorm.numerics import ARR_ARKB, ARR_MERGED, FLAVOURS, RSQRT_MATH, TORCH_VEC, Numerics
+from xbackend.kernels.rmsnorm.supports import (
+    ALIGN_REASON,
+    NotVectorizable,
+    exact_reason,
+    interpreting,
+    supports_rmsnorm_fast,
+)
+
+# The default exact schedule gives each Triton lane of a 32-lane warp one emulated thread ("torch":
+# the rest of the row stays in registers) or one fold ("diffusers"): 4 warps for CUDA's 128-thread rows,
+# measured best at [32640, 4096] bf16 on the H200. A launch choice, never the arithmetic; on CDNA a
+# Triton warp is a 64-lane wavefront, so the same count holds two per lane there (unmeasured).
+SCHEDULE_LANES = 32
+MAX_DEFAULT_WARPS = 8
+TILE_ELEMENTS = 4096  # short rows are batched until a program moves about this many elements
+MAX_DEFAULT_ROWS = 64
+FAST_ELEMENTS_PER_WARP = 1024
+MAX_PLANS = 4096  # launch plans kept per launcher (distinct input metadata)
+NO_BCAST = (1, 0, 0, 0)  # (inner, outer stride, inner stride, column stride) of an absent operand
+
+
+class Schedule(NamedTuple):
+    """How a launch is laid out: performance only, never the arithmetic. None: the default."""
+
+    rows_per_program: int | None = None
+    num_warps: int | None = None
+    arrangement: int | None = None  # exact kernel only: numerics.ARR_ARKB or ARR_MERGED
+
+
+class LaunchTraits(NamedTuple):
+    """A vendor's launch decisions for the exact kernels, passed as data by its backend."""
+
+    # Programmatic dependent launch from this compute-capability major on (Hopper's griddepcontrol:
+    # 9 on CUDA); None: never. Each program waits for the previous grid before its first load, then
+    # lets the next PDL launch start, so back-to-back launches overlap launch and tail.
+    pdl_min_major: int | None = None
+    # The plain torch-flavour rmsnorm's schedule by (D, element size), where measured faster than the
+    # default; an explicit rows_per_program or num_warps wins.
+    torch_rmsnorm: tuple[tuple[tuple[int, int], Schedule], ...] = ()
+
+
+DEFAULT_TRAITS = LaunchTraits()  # no PDL, no tuned schedules: what an entry point without a vendor gets
+
+
+class Variant(NamedTuple):
+    """One way to launch: which kernel, which PyTorch build's order, which vendor's traits, which schedule."""
+
+    exact: bool
+    numerics: Numerics  # the fast kernel reads only its rsqrt
+    traits: LaunchTraits = DEFAULT_TRAITS
+    schedule: Schedule = Schedule()
+
+
+class ExactSchedule(NamedTuple):
+    tile: Tile
+    factor: float  # the statistic's multiplier: 1 ("torch": divided by D in the kernel), MeanOps' factor
+    rows: int
+    warps: int
+
+
+# --------------------------------------------------------------------------------------------------
+# Operands
+# --------------------------------------------------------------------------------------------------
+
+
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x as [M, D] rows with unit column stride (a view when possible)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[-1] > 1 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def bcast_layout(
+    t: torch.Tensor, shape: torch.Size, copy: bool = True
+) -> tuple[torch.Tensor, int, int, int, int] | None:
+    """(tensor, inner, outer stride, inner stride, column stride) addressing t broadcast to shape.
+
+    Row r of the [M, D] view maps to (r // inner) * s_outer + (r % inner) * s_inner; every listed
+    broadcast form ([D], [1,..,1,D], [B,1,D], [B,L,D], [B,1,1,1,D]) needs at most two such groups.
+    Other layouts: a contiguous copy of t broadcast to shape, or None when ``copy`` is False.
+    """
+    te = t.expand(shape)
+    lead = list(zip(shape[:-1], te.stride()[:-1], strict=True))
+    groups: list[list[int]] = []  # [size, stride], innermost first
+    for size, stride in reversed(lead):
+        if size == 1:
+            continue
+        if groups and stride == groups[-1][1] * groups[-1][0]:
+            groups[-1][0] *= size
+        else:
+            groups.append([size, stride])
+    m = math.prod(shape[:-1])
+    if len(groups) > 2:
+        if not copy:
+            return None
+        tc = te.contiguous()
+        return tc, max(m, 1), 0, shape[-1], 1
+    if not groups:
+        return te, max(m, 1), 0, 0, te.stride(-1)
+    inner, s_inner = groups[0]
+    s_outer = groups[1][1] if len(groups) == 2 else 0
+    return te, inner, s_outer, s_inner, te.stride(-1)
+
+
+def _contiguous_layout(t: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+    te, *lay = bcast_layout(t, shape)
+    return te, tuple(lay)
+
+
+def meta(t: torch.Tensor | None) -> tuple | None:
+    """What a launch plan depends on in a tensor: shape, strides, dtype, device."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+# --------------------------------------------------------------------------------------------------
+# Schedules
+# --------------------------------------------------------------------------------------------------
+
+
+def default_rows(tile: int) -> int:
+    """Rows per program: small rows are batched so a program moves at least ~4K elements."""
+    return max(1, min(MAX_DEFAULT_ROWS, last_pow2(max(1, TILE_ELEMENTS // max(tile, 1)))))
+
+
+def default_fast_warps(elements: int) -> int:
+    """Warps of a fast-kernel program: one per ~1024 tile elements, a power of two up to 8."""
+    return max(1, min(MAX_DEFAULT_WARPS, next_pow2(max(1, elements // FAST_ELEMENTS_PER_WARP))))
+
+
+def default_arrangement(flavour: str, tile: Tile, rows_per_program: int, modulate: bool) -> int:
+    """Tile arrangement measured fastest on an H200 at [32640, 4096] bf16.
+
+    [A, R, K, B] keeps the torch flavour's folds in registers (4-element vectors); the diffusers
+    modulate moves a third less through shared memory with 16-byte vectors ([A*B, R, K]), and
+    the two are even for the diffusers rmsnorm. Other shapes keep the layout that was measured.
+    """
+    if flavour == "diffusers" and modulate and tile.vec_form and rows_per_program == 1:
+        return ARR_MERGED
+    return ARR_ARKB
+
+
+def exact_schedule(m: int, d: int, flavour: str, num: Numerics, schedule: Schedule) -> ExactSchedule:
+    """The exact kernels' tile, statistic factor, rows per program and warps for [m, d] rows whose
+    ``exact_reason`` is None (also the q/k norm + RoPE kernel's)."""
+    if flavour == "torch":
+        tile, factor = torch_tile(d, num), 1.0
+    else:
+        found = mean_tile(max(m, 1), d, num)
+        assert not isinstance(found, str)
+        tile, factor = found, mean_factor(max(m, 1), d)
+    rows = schedule.rows_per_program or default_rows(tile.k * tile.a * tile.b)
+    lanes = tile.a if flavour == "torch" else tile.a * tile.b  # emulated threads / folds per row
+    warps = schedule.num_warps or max(1, min(MAX_DEFAULT_WARPS, lanes // SCHEDULE_LANES))
+    return ExactSchedule(tile, factor, rows, warps)
+
+
+@functools.lru_cache(maxsize=64)
+def _pdl_capable(device_index: int, min_major: int) -> bool:
+    """The device has griddepcontrol (compute capability major >= min_major) and this Triton emits it."""
+    return gdc_wait is not None and torch.cuda.get_device_capability(device_index)[0] >= min_major
+
+
+def use_pdl(x: torch.Tensor, traits: LaunchTraits) -> bool:
+    if traits.pdl_min_major is None or not x.is_cuda or interpreting():
+        return False
+    return _pdl_capable(x.get_device(), traits.pdl_min_major)
+
+
+# --------------------------------------------------------------------------------------------------
+# Plans
+# --------------------------------------------------------------------------------------------------
+
+
+class LaunchPlan(NamedTuple):
+    """Everything about one launch that follows from the inputs' metadata (cached per metadata key)."""
+
+    exact: bool
+    grid: tuple[int]
+    m: int
+    rows_view: bool  # x's rows are evenly strided: pass x itself with stride_xm; else copy (rows_of)
+    stride_xm: int
+    sc_l: tuple[int, int, int, int] | None  # scale layout; None: recompute per call (needs a copy)
+    sh_l: tuple[int, int, int, int] | None
+    scalars: tuple[float, float]  # eps in fp32, then the statistic's factor (exact) or 1 / D (fast)
+    consts: ExactConstexprs | FastConstexprs
+    options: dict
+    align: int  # torch flavour: bytes x and weight must be aligned to (aten vectorizes only then)
+    check_x: bool
+    check_w: bool
+    kernels: dict  # (device, pointer alignments) -> the kernel Triton compiled for them
+
+
+def plan(
+    v: Variant,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    store_stat: bool,
+) -> LaunchPlan:
+    """The launch of ``v`` for inputs with these shapes, strides and dtypes; ValueError if unsupported."""
+    if v.exact:
+        reason = exact_reason(x, weight, flavour, v.numerics, False)
+    else:
+        reason = supports_rmsnorm_fast(x, weight, eps, flavour)
+    if reason:
+        raise ValueError(f"triton rmsnorm {'exact' if v.exact else 'fast'}: {reason}")
+    d = x.shape[-1]
+    m = x.numel() // max(d, 1)
+    x2 = rows_of(x)
+    rows_view = x2.data_ptr() == x.data_ptr() or x.numel() == 0
+    sc_l = sh_l = NO_BCAST
+    if scale is not None and shift is not None:
+        sc, *sc_l = bcast_layout(scale, x.shape)
+        sh, *sh_l = bcast_layout(shift, x.shape)
+        sc_l = tuple(sc_l) if sc.data_ptr() == scale.data_ptr() else None
+        sh_l = tuple(sh_l) if sh.data_ptr() == shift.data_ptr() else None
+    # The interpreter cannot run inline PTX: a host fact, whatever the numerics' build calls.
+    rsqrt = RSQRT_MATH if interpreting() else v.numerics.rsqrt
+    align = check_x = check_w = 0
+    pdl = False
+    if v.exact:
+        schedule = v.schedule
+        if flavour == "torch" and scale is None and schedule.rows_per_program is None and schedule.num_warps is None:
+            tuned = dict(v.traits.torch_rmsnorm).get((d, x.element_size()))
+            if tuned is not None:
+                schedule = tuned._replace(arrangement=schedule.arrangement)
+        tile, factor, r, warps = exact_schedule(m, d, flavour, v.numerics, schedule)
+        if flavour == "torch":
+            align = TORCH_VEC * x.element_size()
+            check_x = x.is_contiguous()
+            check_w = weight is not None and weight.is_contiguous()
+        arrangement = schedule.arrangement
+        if arrangement is None:
+            arrangement = default_arrangement(flavour, tile, r, scale is not None)
+        pdl = use_pdl(x, v.traits)
+        scalars = (f32(eps), factor)
+        consts: ExactConstexprs | FastConstexprs = ExactConstexprs(
+            D=d,
+            FLAVOUR=FLAVOURS.index(flavour),
+            HAS_W=weight is not None,
+            MODULATE=scale is not None,
+            STORE_STAT=store_stat,
+            R=r,
+            K=tile.k,
+            A=tile.a,
+            B=tile.b,
+            VEC_FORM=tile.vec_form,
+            ARR=int(arrangement),
+            LANES=v.numerics.warp,
+            BW=tile.bw,
+            Y=tile.y,
+            SHFL_ADJ=v.numerics.mean_shfl_increasing,
+            X_FIRST=v.numerics.mean_x_first,
+            RSQRT=rsqrt,
+            PDL=pdl,
+        )
+    else:
+        block_d = next_pow2(d)
+        r = v.schedule.rows_per_program or default_rows(block_d)
+        warps = v.schedule.num_warps or default_fast_warps(r * block_d)
+        scalars = (f32(eps), f32(1.0 / d))
+        consts = FastConstexprs(
+            D=d,
+            FLAVOUR=FLAVOURS.index(flavour),
+            HAS_W=weight is not None,
+            MODULATE=scale is not None,
+            R=r,
+            BLOCK_D=block_d,
+            RSQRT=rsqrt,
+        )
+    return LaunchPlan(
+        exact=v.exact,
+        grid=(triton.cdiv(m, r),),
+        m=m,
+        rows_view=rows_view,
+        stride_xm=x2.stride(0) if x2.dim() == 2 else d,
+        sc_l=sc_l,
+        sh_l=sh_l,
+        scalars=scalars,
+        consts=consts,
+        options={"num_warps": warps, "enable_fp_fusion": False, **({"launch_pdl": True} if pdl else {})},
+        align=align,
+        check_x=bool(check_x),
+        check_w=bool(check_w),
+        kernels={},
+    )
+
+
+# False under the interpreter; tests flip it to time or check Triton's own launch path.
+_DIRECT = direct_capable(_rmsnorm_exact_kernel)
+
+
+class Launcher:
+    """Launches one ``Variant``: ``launcher(x, weight, scale, shift, eps, flavour, stat)`` -> output.
+
+    ``stat`` (exact only): a float32 [M] tensor that receives each row's rstd ("torch") or mean of
+    squares ("diffusers"). Raises ValueError for inputs the variant does not support and
+    ``NotVectorizable`` for a torch-flavour call whose pointers aten would not vectorize."""
+
+    __slots__ = ("plans", "variant")
+
+    def __init__(self, variant: Variant) -> None:
+        self.variant = variant
+        self.plans: dict[tuple, LaunchPlan] = {}
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        scale: torch.Tensor | None,
+        shift: torch.Tensor | None,
+        eps: float,
+        flavour: str,
+        stat: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # The plan depends on metadata only; the pointer alignments aten checks are re-read per call.
+        key = (
+            x.shape,
+            x.stride(),
+            x.dtype,
+            x.device,
+            weight is None or meta(weight),
+            scale is None or meta(scale),
+            shift is None or meta(shift),
+            eps,
+            flavour,
+            stat is None,
+        )
+        lp = self.plans.get(key)
+        if lp is None:
+            lp = plan(self.variant, x, weight, scale, shift, eps, flavour, stat is not None)
+            if len(self.plans) < MAX_PLANS:
+                self.plans[key] = lp
+        if lp.align and ((lp.check_x and x.data_ptr() % lp.align) or (lp.check_w and weight.data_ptr() % lp.align)):
+            raise NotVectorizable(f"triton rmsnorm exact: {ALIGN_REASON}")
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)  # a third of torch.empty's host cost
+        if lp.m == 0 or x.shape[-1] == 0:
+            return out
+        xr = x if lp.rows_view else rows_of(x)
+        sc = sh = xr
+        sc_l = sh_l = NO_BCAST
+        if scale is not None and shift is not None:
+            sc, sc_l = (scale, lp.sc_l) if lp.sc_l is not None else _contiguous_layout(scale, x.shape)
+            sh, sh_l = (shift, lp.sh_l) if lp.sh_l is not None else _contiguous_layout(shift, x.shape)
+        w = weight if weight is not None else xr
+        if lp.exact:
+            ptrs: tuple = (xr, w, sc, sh, out, stat if stat is not None else out)
+            tail = (lp.m, lp.stride_xm, COL_STRIDE, *sc_l, *sh_l, *lp.scalars, *lp.consts)
+            fn = _rmsnorm_exact_kernel
+        else:
+            ptrs = (xr, w, sc, sh, out)
+            tail = (lp.m, lp.stride_xm, *sc_l, *sh_l, *lp.scalars, *lp.consts)
+            fn = _rmsnorm_fast_kernel
+        if not _DIRECT:  # the interpreter
+            fn[lp.grid](*ptrs, *tail, **lp.options)
+            return out
+        device = xr.get_device()
+        if device < 0:  # not a GPU tensor: Triton's own path gives its own error
+            fn[lp.grid](*ptrs, *tail, **lp.options)
+            return out
+        if device != _triton_launch._current_device():  # Triton launches on the current device: go to the data
+            with torch.cuda.device(device):
+                fn[lp.grid](*ptrs, *tail, **lp.options)
+            return out
+        ints = tuple([t.data_ptr() for t in ptrs])
+        # Triton specialises pointers on 16-byte alignment; everything else in the key is fixed by lp.
+        kkey = (device, *[p & 15 == 0 for p in ints])
+        kernel = lp.kernels.get(kkey)
+        if kernel is None or hooked():
+            kernel = fn[lp.grid](*ptrs, *tail, **lp.options)
+            if kernel is not None:
+                lp.kernels[kkey] = kernel
+        else:
+            launch_compiled(kernel, lp.grid, device, (*ints, *tail))
+        return out
+
+
+@functools.lru_cache(maxsize=256)
+def launcher(variant: Variant) -> Launcher:
+    """The process's one ``Launcher`` for ``variant`` (its plans and compiled kernels are shared)."""
+    return Launcher(variant)
+
+
+__all__ = [
+    "DEFAULT_TRAITS",
+    "NO_BCAST",
+    "ExactSchedule",
+    "LaunchPlan",
+    "LaunchTraits",
+    "Launcher",
+    "Schedule",
+    "Variant",
+    "bcast_layout",
+    "default_arrangement",
+    "default_rows",
+    "exact_schedule",
+    "launcher",
+    "meta",
+    "plan",
+    "rows_of",
+    "use_pdl",
+]

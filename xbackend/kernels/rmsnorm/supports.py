@@ -1,0 +1,178 @@
+"""Which inputs the RMSNorm kernels take: ``supports_*`` predicates (None, or a short reason).
+
+The exact kernels reproduce aten's vectorized layer-norm kernel ("torch") and its mean reduce
+("diffusers") only where aten itself takes those paths: a torch-flavour row with D % 4 != 0 or an
+x / weight pointer not aligned to 4 elements runs aten's Welford kernel instead, a diffusers row
+with D >= 128 and D % 4 != 0 is shifted by aten, and very long rows reduce across blocks. Those
+inputs are refused here with the reason. Pointer alignment is a property of each call, not of the
+shapes a plan or a dispatch key is cached by: ``alignment=False`` leaves it to the call, which then
+raises ``NotVectorizable``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from xbackend.kernels.rmsnorm.exact import MAX_EXACT_D, mean_tile
+from xbackend.kernels.rmsnorm.fast import MAX_FAST_D
+from xbackend.kernels.rmsnorm.numerics import FLAVOURS, TORCH_VEC, Numerics
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
+
+
+def interpreting() -> bool:
+    """Triton's interpreter runs the kernels (on CPU tensors): a fact about this host, not a vendor."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class NotVectorizable(ValueError):
+    """x or the weight is not 4-element aligned, so aten runs its Welford kernel for this call and the
+    torch-flavour exact kernel (its vectorized order) does not apply. Raised per call: alignment is a
+    property of the pointer, not of the shapes a launch plan (or a dispatch key) is cached by."""
+
+
+def _check_common(x: torch.Tensor, weight: torch.Tensor | None, flavour: str) -> str | None:
+    if flavour not in FLAVOURS:
+        return f"unknown flavour {flavour!r}"
+    if x.dtype not in DTYPES:
+        return f"dtype {x.dtype} not in bf16/fp16/fp32"
+    # CUDA/ROCm, the interpreter on CPU, or meta tensors when the resolver plans for another device.
+    if not (x.is_cuda or x.is_meta or (interpreting() and x.device.type == "cpu")):
+        return "needs a CUDA/ROCm tensor"
+    if x.dim() == 0:
+        return "needs at least one dimension"
+    if weight is not None:
+        if weight.dtype != x.dtype:
+            return "weight dtype differs from x"
+        if tuple(weight.shape) != (x.shape[-1],):
+            return "weight is not [D]"
+        if weight.device != x.device:
+            return "weight on another device"
+        if x.shape[-1] > 1 and weight.stride(0) != 1:
+            return "weight is not contiguous (the kernels read it with unit stride)"
+    return None
+
+
+def _check_bcast(x: torch.Tensor, t: torch.Tensor, name: str) -> str | None:
+    if t.dtype != x.dtype:
+        return f"{name} dtype differs from x"
+    if t.device != x.device:
+        return f"{name} on another device"
+    try:
+        torch.broadcast_shapes(t.shape, x.shape)
+    except RuntimeError:
+        return f"{name} does not broadcast to x"
+    if torch.broadcast_shapes(t.shape, x.shape) != x.shape:
+        return f"{name} broadcasting would grow x"
+    return None
+
+
+def aten_vectorizes(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """aten takes the vectorized kernel only if X (after expect_contiguous) and gamma are aligned."""
+    align = TORCH_VEC * x.element_size()
+    if x.is_contiguous() and x.data_ptr() % align:
+        return False
+    return weight is None or not weight.is_contiguous() or weight.data_ptr() % align == 0
+
+
+def exact_reason(
+    x: torch.Tensor, weight: torch.Tensor | None, flavour: str, num: Numerics, alignment: bool = True
+) -> str | None:
+    """Why the exact kernels cannot reproduce the flavour on these rows, or None."""
+    reason = _check_common(x, weight, flavour)
+    if reason:
+        return reason
+    d = x.shape[-1]
+    if d > MAX_EXACT_D:
+        return f"D > {MAX_EXACT_D}"
+    if flavour == "torch":
+        if d % TORCH_VEC:
+            return "torch exact needs D % 4 == 0 (aten runs its Welford kernel otherwise)"
+        if alignment and not aten_vectorizes(x, weight):
+            return ALIGN_REASON
+        return None
+    m = x.numel() // max(d, 1)
+    tile = mean_tile(max(m, 1), d, num)
+    return tile if isinstance(tile, str) else None
+
+
+def supports_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    numerics: Numerics,
+    alignment: bool = True,
+) -> str | None:
+    """None if ``rmsnorm`` reproduces the reference of the build ``numerics`` describes bit for bit on
+    this input, else a short reason. ``alignment=False`` leaves out the per-pointer alignment (for a
+    caller that handles ``NotVectorizable`` per call, as ``rmsnorm_with(..., fallback)`` does)."""
+    return exact_reason(x, weight, flavour, numerics, alignment)
+
+
+def supports_rmsnorm_modulate(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    *,
+    numerics: Numerics,
+    alignment: bool = True,
+) -> str | None:
+    """None if ``rmsnorm_modulate`` is bit-exact on this input, else a short reason (see ``supports_rmsnorm``)."""
+    reason = exact_reason(x, weight, flavour, numerics, alignment)
+    return reason or _check_bcast(x, scale, "scale") or _check_bcast(x, shift, "shift")
+
+
+def supports_rmsnorm_fast(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
+    """None if ``rmsnorm_fast`` can run (approximate: ulp contract, not exact)."""
+    reason = _check_common(x, weight, flavour)
+    if reason is None and x.shape[-1] > MAX_FAST_D:
+        reason = f"D > {MAX_FAST_D}"
+    return reason
+
+
+def supports_rmsnorm_fast_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
+    """``supports_rmsnorm_fast`` for flavour "torch" only (max 1 ulp: one registration, ulp(1))."""
+    return (
+        supports_rmsnorm_fast(x, weight, eps, flavour) if flavour == "torch" else "registered for flavour 'torch' only"
+    )
+
+
+def supports_rmsnorm_fast_diffusers(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str
+) -> str | None:
+    """``supports_rmsnorm_fast`` for flavour "diffusers" only (max 2 ulp: its own registration, ulp(2))."""
+    if flavour != "diffusers":
+        return "registered for flavour 'diffusers' only"
+    return supports_rmsnorm_fast(x, weight, eps, flavour)
+
+
+def supports_rmsnorm_modulate_fast(
+    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str
+) -> str | None:
+    """None if ``rmsnorm_modulate_fast`` can run (approximate)."""
+    reason = supports_rmsnorm_fast(x, weight, eps, flavour)
+    return reason or _check_bcast(x, scale, "scale") or _check_bcast(x, shift, "shift")
+
+
+__all__ = [
+    "ALIGN_REASON",
+    "DTYPES",
+    "NotVectorizable",
+    "aten_vectorizes",
+    "exact_reason",
+    "interpreting",
+    "supports_rmsnorm",
+    "supports_rmsnorm_fast",
+    "supports_rmsnorm_fast_diffusers",
+    "supports_rmsnorm_fast_torch",
+    "supports_rmsnorm_modulate",
+    "supports_rmsnorm_modulate_fast",
+]
