@@ -293,6 +293,23 @@ def test_kinds_selects_sites_and_rejects_unknown_names() -> None:
     assert set(KINDS) >= {"rmsnorm", "rmsnorm_modulate", "gated_residual", "neighborhood_attention", "tiled_decode"}
 
 
+def test_only_and_exclude_bisect_by_site_kind() -> None:
+    model = build_transformer("ltx2.3")
+    inputs = transformer_inputs("ltx2.3", torch.float32)
+    expected = run(model, inputs)
+    report = xbackend.patch(model, only=("gated_residual",))
+    assert set(report.by_kind()) == {"gated_residual"}
+    xbackend.unpatch(model)
+    report = xbackend.patch(model, exclude=("gated_residual", "rmsnorm"))
+    assert report.by_kind() and "gated_residual" not in report.by_kind() and "rmsnorm" not in report.by_kind()
+    assert_equal(run(model, inputs), expected)
+    xbackend.unpatch(model)
+    with pytest.raises(ValueError, match="argument 'exclude'"):
+        xbackend.patch(model, exclude=("layernorm",))
+    with pytest.raises(TypeError, match="not both"):
+        xbackend.patch(model, kinds=("rmsnorm",), only=("rmsnorm",))
+
+
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 def test_mixed_dtypes_fall_back_to_the_written_expression(op_calls: dict[str, int]) -> None:
     # fp32 activations through bf16 norm weights: diffusers' RMSNorm returns bf16 and the modulation

@@ -114,27 +114,34 @@ def _require_module(fn: str, model: object) -> None:
         raise TypeError(f"xbackend.{fn}: argument 'model' expected a torch.nn.Module, got {type(model).__name__}")
 
 
-def _kinds(kinds: Iterable[str] | None) -> frozenset[str]:
+def _kinds(kinds: Iterable[str] | None, arg: str = "kinds") -> frozenset[str]:
     if kinds is None:
         return frozenset(KINDS)
     chosen = frozenset([kinds] if isinstance(kinds, str) else kinds)
     unknown = sorted(chosen - set(KINDS))
     if unknown:
-        raise ValueError(f"xbackend.patch: argument 'kinds' expected names from {', '.join(KINDS)}, got {unknown}")
+        raise ValueError(f"xbackend.patch: argument '{arg}' expected names from {', '.join(KINDS)}, got {unknown}")
     return chosen
 
 
-def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, decode_group: Any = None) -> PatchReport:
+def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, only: Iterable[str] | None = None,
+          exclude: Iterable[str] = (), decode_group: Any = None) -> PatchReport:
     """Route ``model``'s recognised hot sites through xbackend; returns what was patched.
 
-    ``kinds`` limits the patch to some of ``KINDS`` (default: all). To change it on a patched model,
-    `unpatch` first: sites patched earlier stay as they are. ``decode_group`` is the process group a
-    patched DiffVAE ``tiled_decode`` spreads its tiles over (None: the default group when
+    ``kinds`` (or its alias ``only``) limits the patch to some of ``KINDS`` (default: all);
+    ``exclude`` leaves some out, e.g. ``patch(model, only=("neighborhood_attention",))`` or
+    ``patch(model, exclude=("gated_residual",))`` to bisect a difference. To change it on a patched
+    model, `unpatch` first: sites patched earlier stay as they are. ``decode_group`` is the process
+    group a patched DiffVAE ``tiled_decode`` spreads its tiles over (None: the default group when
     torch.distributed is initialised, and every rank must then decode the same latent); leave
-    ``"tiled_decode"`` out of ``kinds`` to keep diffusers' serial decode.
+    ``"tiled_decode"`` out to keep diffusers' serial decode.
     """
+    if kinds is not None and only is not None:
+        raise TypeError("xbackend.patch: give 'kinds' or its alias 'only', not both")
+    chosen = _kinds(only, "only") if only is not None else _kinds(kinds)
+    chosen -= _kinds(exclude, "exclude") if exclude else frozenset()
     _require_module("patch", model)
-    options = PatchOptions(_kinds(kinds), decode_group)
+    options = PatchOptions(chosen, decode_group)
     found = Findings()
     for path, module in model.named_modules():
         row = PATCHES.get(_class_name(module))
