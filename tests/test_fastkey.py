@@ -163,17 +163,17 @@ def test_op_keys_agree_with_the_python_keys(fast) -> None:
               ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], None, 1, "torch")),
               ("rmsnorm_modulate", (x, x[:, :1], x[:, :1], None, 1.0, "torch"))]  # fmt: skip
     q = torch.randn(1, 6, 6, 2, 8)
-    calls += [("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), None)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (1, 2), (False, False), None)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 0.5)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 1)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 1.0)),
-              ("neighborhood_attention", (q, q, q, (3.0, 3.0), (1, 1), (False, False), None)),
-              ("neighborhood_attention", (q, q, q, (3, 3.0), (1, 1), (False, False), None)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (True, True), (False, False), None)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (True, False), None)),
-              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (1, 0), None)),
-              ("neighborhood_attention", (q, q, q, Tup((3, 3)), (1, 1), (False, False), None))]  # fmt: skip
+    calls += [("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), None, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 2), (False, False), None, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 0.5, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 1, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (False, False), 1.0, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3.0, 3.0), (1, 1), (False, False), None, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3.0), (1, 1), (False, False), None, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3), (True, True), (False, False), None, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (True, False), None, (1, 1))),
+              ("neighborhood_attention", (q, q, q, (3, 3), (1, 1), (1, 0), None, (1, 1))),
+              ("neighborhood_attention", (q, q, q, Tup((3, 3)), (1, 1), (False, False), None, (1, 1)))]  # fmt: skip
     c = torch.randn(2, 8, 64)
     calls += [("rotary_embedding", (x, c, c, "interleaved")), ("rotary_embedding", (x, c, c, "split")),
               ("qk_norm_rope", (x, x, w, w, c, c, 1e-6, "torch", "interleaved")),

@@ -195,8 +195,8 @@ def test_neighborhood_attention_guard_sees_unsampled_rows() -> None:
     fixed = set(torch.randperm(tokens, generator=torch.Generator().manual_seed(tokens))[:2048].tolist())
     holes = [i for i in range(tokens) if i not in fixed][:200]
 
-    def zero_rows(q, k, v, kernel_size, dilation, is_causal, scale):
-        out = na.reference(q, k, v, kernel_size, dilation, is_causal, scale)
+    def zero_rows(q, k, v, kernel_size, dilation, is_causal, scale, stride):
+        out = na.reference(q, k, v, kernel_size, dilation, is_causal, scale, stride)
         out.view(out.shape[0], tokens, *out.shape[-2:])[:, holes] = 0
         return out
 

@@ -78,13 +78,13 @@ def test_keys_differ_in_the_type_of_equal_scalars(key_form: str) -> None:
     x, q = torch.randn(2, 8), q_()
     for a, b in [(1.0, True), (1, 1.0), (1, True), (0.0, False)]:
         assert keys["rmsnorm"](x, None, a, "torch") != keys["rmsnorm"](x, None, b, "torch"), (a, b)
-        assert keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), a) != \
-            keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), b), (a, b)
+        assert keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), a, (1, 1)) != \
+            keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), b, (1, 1)), (a, b)
     for a, b in [((3, 3), (3.0, 3.0)), ((1, 1), (True, True)), ((3, 3), [3, 3])]:
-        assert keys["neighborhood_attention"](q, q, q, a, (1, 1), (False, False), None) != \
-            keys["neighborhood_attention"](q, q, q, b, (1, 1), (False, False), None), (a, b)
-    same = keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), None)
-    assert same == keys["neighborhood_attention"](q_(), q_(), q_(), (3, 3), (1, 1), (False, False), None)
+        assert keys["neighborhood_attention"](q, q, q, a, (1, 1), (False, False), None, (1, 1)) != \
+            keys["neighborhood_attention"](q, q, q, b, (1, 1), (False, False), None, (1, 1)), (a, b)
+    same = keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), None, (1, 1))
+    assert same == keys["neighborhood_attention"](q_(), q_(), q_(), (3, 3), (1, 1), (False, False), None, (1, 1))
 
 
 # -- zero sizes: the op's ValueError ---------------------------------------------------------------

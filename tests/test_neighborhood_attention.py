@@ -96,4 +96,33 @@ def test_empty_batch() -> None:
 
 def test_opcheck() -> None:
     q, k, v = (torch.randn(1, 5, 6, 2, 8, dtype=torch.bfloat16) for _ in range(3))
-    torch.library.opcheck(mod.neighborhood_attention_op, (q, k, v, [3, 3], [1, 2], [True, False], None))
+    torch.library.opcheck(mod.neighborhood_attention_op, (q, k, v, [3, 3], [1, 2], [True, False], None, [1, 1]))
+    torch.library.opcheck(mod.neighborhood_attention_op, (q, k, v, [3, 3], [1, 2], [True, False], None, [2, 3]))
+
+
+
+@pytest.mark.parametrize(
+    ("spatial", "ks", "dil", "causal", "stride"),
+    [
+        ((9,), (3,), (1,), (False,), (2,)),
+        ((10,), (4,), (1,), (False,), (4,)),  # stride = kernel: blocks attending within themselves
+        ((11,), (5,), (2,), (False,), (3,)),
+        ((9,), (4,), (1,), (True,), (3,)),
+        ((7, 8), (3, 5), (1, 1), (True, False), (2, 4)),
+        ((4, 5, 6), (3, 3, 3), (1, 1, 2), (False, True, False), (3, 1, 2)),
+    ],
+)
+def test_strided_reference_matches_natten_window_rule(spatial, ks, dil, causal, stride) -> None:
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, *spatial, 2, 8, generator=g) for _ in range(3))
+    out = na(q, k, v, ks, dil, causal, stride=stride)
+    torch.testing.assert_close(out.double(), na_brute_force(q, k, v, ks, dil, causal, stride=stride), atol=1e-5, rtol=1e-5)
+
+
+def test_stride_one_is_plain_na_and_stride_is_checked() -> None:
+    q = torch.randn(1, 12, 12, 2, 8)
+    torch.testing.assert_close(na(q, q, q, (5, 5), stride=1), na(q, q, q, (5, 5)), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="argument 'stride' expected values <= kernel_size"):
+        na(q, q, q, (3, 3), stride=(4, 1))
+    with pytest.raises(ValueError, match="argument 'stride' expected values >= 1"):
+        na(q, q, q, (3, 3), stride=0)

@@ -372,3 +372,24 @@ def test_outputs_are_contiguous():
     args = ((3, 3, 3), (1, 1, 1), (False, False, False), None)
     assert na_flex.neighborhood_attention(q, k, v, *args, tile=(2, 4, 4), compiled=False).is_contiguous()
     assert na_tiled_sdpa.neighborhood_attention(q, k, v, *args).is_contiguous()
+
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize(
+    ("spatial", "kernel", "dil", "causal", "stride"),
+    [((20,), (5,), (1,), (False,), (3,)), ((9, 12), (3, 4), (2, 1), (True, False), (2, 4)),
+     ((5, 6, 7), (3, 3, 3), (1, 1, 1), (False, False, True), (3, 2, 3))],
+)
+def test_strided_windows_in_tiled_sdpa_and_flex(spatial, kernel, dil, causal, stride):
+    from xbackend.kernels import na_triton
+    from xbackend.ops.neighborhood_attention import reference as op_reference
+
+    q, k, v = make_qkv(spatial, 2, 16, torch.float32, seed=3)
+    ref = op_reference(q.double(), k.double(), v.double(), kernel, dil, causal, None, stride)
+    tiled = na_tiled_sdpa.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride)
+    flex = na_flex.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride,
+                                          tile=FLEX_TILES[len(spatial)], compiled=False)
+    assert rel_err(tiled, ref) < 1e-5 and rel_err(flex, ref) < 1e-5
+    assert na_triton.supports(q.to("meta"), k.to("meta"), v.to("meta"), kernel, dil, causal, None, stride) == \
+        "strided windows (stride > 1) are not in this kernel"

@@ -61,13 +61,13 @@ class _Axis:
         return self.padded // self.tile
 
 
-def _axis(length: int, kernel: int, dilation: int, causal: bool, tile: int) -> _Axis:
+def _axis(length: int, kernel: int, dilation: int, causal: bool, tile: int, stride: int = 1) -> _Axis:
     gmax = -(-length // dilation)
     pgroup = -(-gmax // tile) * tile
     lo = torch.empty(dilation * pgroup, dtype=torch.int64)
     hi = torch.empty_like(lo)
     for g, glen in enumerate(group_lengths(length, dilation)):
-        s, e = window_bounds(glen, kernel, causal)
+        s, e = window_bounds(glen, kernel, causal, stride=stride)
         base = g * pgroup
         lo[base : base + glen] = s + base
         hi[base : base + glen] = e + base
@@ -259,13 +259,16 @@ def build_block_mask(
     tile: tuple[int, ...],
     device: torch.device,
     wide_indices: bool = False,
+    stride: tuple[int, ...] | None = None,
 ) -> tuple[BlockMask, list[_Axis]]:
     """BlockMask over tile-permuted tokens, plus the per-axis layout used to permute them.
 
     Index tables are compact (as wide as the most KV blocks any Q block touches, plus one) unless
     ``wide_indices`` or the device is a CPU: then one column per KV block, like torch's own masks.
     """
-    axes = [_axis(L, k, d, c, t) for L, k, d, c, t in zip(spatial, kernel_size, dilation, is_causal, tile, strict=True)]
+    stride = stride or (1,) * len(spatial)
+    axes = [_axis(L, k, d, c, t, s)
+            for L, k, d, c, t, s in zip(spatial, kernel_size, dilation, is_causal, tile, stride, strict=True)]
     lists = _block_lists(axes)
     vol = math.prod(tile)
     nblocks = math.prod(ax.tiles for ax in axes)
@@ -411,6 +414,7 @@ def supports(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
 ) -> str | None:
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"dtype {q.dtype} not supported"
@@ -431,6 +435,7 @@ def neighborhood_attention(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
     *,
     tile: tuple[int, ...] | None = None,
     compiled: bool | None = None,
@@ -452,7 +457,8 @@ def neighborhood_attention(
         tile = _choose_tile_cached(spatial, kernel_size, dilation, is_causal)
     if compiled is None:
         compiled = q.device.type != "cpu"
-    key = (spatial, kernel_size, dilation, is_causal, tuple(tile), q.device, wide_indices)
+    key = (spatial, kernel_size, dilation, is_causal, tuple(tile), q.device, wide_indices,
+           tuple(stride or (1,) * len(spatial)))
     block_mask, axes = _cached_block_mask(key)
     qt, kt, vt = (_to_tiles(t, axes) for t in (q, k, v))
     if not compiled or torch.compiler.is_compiling():

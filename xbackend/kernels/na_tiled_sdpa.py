@@ -27,18 +27,23 @@ __all__ = ["group_lengths", "neighborhood_attention", "supports", "window_bounds
 _DEFAULT_CHUNK_ELEMS = 1 << 25
 
 
-def window_bounds(length: int, kernel: int, causal: bool, device: torch.device | None = None):
+def window_bounds(length: int, kernel: int, causal: bool, device: torch.device | None = None, stride: int = 1):
     """Per-position ``[start, end)`` of the key window along one undilated axis of ``length``.
 
-    Both bounds are non-decreasing in the query position, which is what lets a contiguous run of
-    queries be served by one contiguous box of keys.
+    With ``stride`` s, queries ``[s*m, s*m + s)`` take the window of their leader ``min(s*m + s//2,
+    L-1)`` (causal: ``min(s*m + s - 1, L-1)``, ending at the query itself). Both bounds are
+    non-decreasing in the query position, which is what lets a contiguous run of queries be served by
+    one contiguous box of keys.
     """
     i = torch.arange(length, device=device)
+    base = (i // stride) * stride
     if causal:
-        start = (i - kernel + 1).clamp_min(0)
+        leader = (base + stride - 1).clamp_max(length - 1)
+        start = (leader - kernel + 1).clamp_min(0)
         end = i + 1
     else:
-        start = (i - kernel // 2).clamp(0, length - kernel)
+        leader = (base + stride // 2).clamp_max(length - 1)
+        start = (leader - kernel // 2).clamp(0, length - kernel)
         end = start + kernel
     return start, end
 
@@ -56,6 +61,7 @@ def supports(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
 ) -> str | None:
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         return f"dtype {q.dtype} not supported"
@@ -122,11 +128,12 @@ def _undilated(
     scale: float,
     budget: int,
     compute_dtype: torch.dtype,
+    stride: tuple[int, ...],
 ) -> None:
     b, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
     lengths = list(q.shape[1:-2])
     # Host copies give the box limits without a device sync per chunk.
-    host = [window_bounds(L, kk, c) for L, kk, c in zip(lengths, kernel, causal, strict=True)]
+    host = [window_bounds(L, kk, c, stride=s) for L, kk, c, s in zip(lengths, kernel, causal, stride, strict=True)]
     bounds = [(s.to(q.device), e.to(q.device)) for s, e in host]
     chunk = _chunk_shape(lengths, kernel, b * heads, budget)
     ranges = [range(0, L, c) for L, c in zip(lengths, chunk, strict=True)]
@@ -156,6 +163,7 @@ def neighborhood_attention(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
     *,
     max_chunk_elems: int | None = None,
     upcast: bool | None = None,
@@ -180,5 +188,5 @@ def neighborhood_attention(
     for g in itertools.product(*groups):
         sl = (slice(None), *(slice(gi, None, d) for gi, d in zip(g, dilation, strict=True)))
         _undilated(q[sl], k[sl], v[sl], out[sl], tuple(kernel_size), tuple(is_causal), scale,
-                   max_chunk_elems, compute_dtype)
+                   max_chunk_elems, compute_dtype, tuple(stride or (1,) * len(kernel_size)))
     return out

@@ -291,9 +291,12 @@ def supports(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
 ) -> str | None:
     if q.device.type not in ("cuda", "meta"):  # meta: planning for a simulated device
         return "needs a CUDA device"
+    if stride is not None and any(s != 1 for s in stride):
+        return "strided windows (stride > 1) are not in this kernel"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} not supported (bf16/fp16 only)"
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -330,11 +333,14 @@ def neighborhood_attention(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
     *,
     config: NAConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused neighborhood attention forward. Output has q's shape and dtype (contiguous)."""
+    if stride is not None and any(s != 1 for s in stride):
+        raise ValueError(f"na_triton: stride {tuple(stride)} > 1 is not supported (supports() says so)")
     ks = _pad3(tuple(kernel_size), 1)
     dil = _pad3(tuple(dilation), 1)
     causal = _pad3(tuple(bool(c) for c in is_causal), False)

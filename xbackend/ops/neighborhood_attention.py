@@ -1,4 +1,4 @@
-"""neighborhood_attention(q, k, v, kernel_size, dilation=1, is_causal=False, scale=None)
+"""neighborhood_attention(q, k, v, kernel_size, dilation=1, is_causal=False, scale=None, stride=1)
 
 Heads-last layout ``[B, *spatial, heads, head_dim]`` with 1, 2 or 3 spatial dims (NATTEN's layout).
 Per axis, query i attends to ``k`` keys starting at ``clamp(i - k//2, 0, L - k)``: every query sees
@@ -7,6 +7,11 @@ shares). Dilation ``d`` splits an axis into ``d`` interleaved groups (``i % d``)
 within each group. Causal along an axis: the last ``k`` keys ``j <= i``. ``is_causal=True`` means
 causal along the first (time) axis; a tuple gives one flag per axis. ``scale=None`` is
 ``head_dim ** -0.5``.
+
+Stride ``s`` (strided NA, NATTEN's and Generalized Neighborhood Attention's definition): within a
+dilation group, queries ``[s*m, s*m + s)`` share the window of their group's leader ``min(s*m + s//2,
+L-1)`` (causal: ``min(s*m + s - 1, L-1)``, each query still seeing only keys ``j <= i``). ``s = 1`` is
+plain NA; ``s = k`` tiles the axis into blocks that attend within themselves. ``1 <= s <= k``.
 
 The reference gathers each query's own keys and runs an fp32 softmax over them, a chunk of queries at
 a time: memory is bounded by the chunk, never an N×N mask.
@@ -48,9 +53,11 @@ def bind(
     dilation: int | tuple[int, ...] | list[int] = 1,
     is_causal: bool | tuple[bool, ...] | list[bool] = False,
     scale: float | None = None,
+    stride: int | tuple[int, ...] | list[int] = 1,
 ) -> tuple[Any, ...]:
     n = q.dim() - 3 if isinstance(q, torch.Tensor) else 0
-    return (q, k, v, _per_axis(kernel_size, n), _per_axis(dilation, n), _causal_per_axis(is_causal, n), scale)
+    return (q, k, v, _per_axis(kernel_size, n), _per_axis(dilation, n), _causal_per_axis(is_causal, n), scale,
+            _per_axis(stride, n))
 
 
 def _per_axis(value: Any, n: int) -> Any:
@@ -73,6 +80,7 @@ def check(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] = (1,),
 ) -> None:
     chk.tensor(NAME, "q", q)
     if not 4 <= q.dim() <= 6:
@@ -86,7 +94,7 @@ def check(
             raise chk.fail(NAME, name, f"the shape of 'q' [{', '.join(map(str, q.shape))}]", chk.shape_str(t))
     spatial = tuple(q.shape[1:-2])
     n = len(spatial)
-    for name, value in (("kernel_size", kernel_size), ("dilation", dilation)):
+    for name, value in (("kernel_size", kernel_size), ("dilation", dilation), ("stride", stride)):
         expected = f"an int or {n} ints (one per spatial dim of 'q')"
         if not (isinstance(value, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
             raise chk.fail(NAME, name, expected, value, TypeError)
@@ -103,23 +111,30 @@ def check(
                 f"kernel_size * dilation <= the spatial size on every axis (axis {axis}: size {length})",
                 f"kernel_size {ks} * dilation {dil} = {ks * dil}",
             )
+    if any(s > ks for s, ks in zip(stride, kernel_size, strict=True)):
+        raise chk.fail(NAME, "stride", "values <= kernel_size on every axis (queries grouped by stride share a "
+                       "window)", f"stride {stride} against kernel_size {kernel_size}")
     if scale is not None:
         chk.real_number(NAME, "scale", scale)
 
 
 # -- reference -----------------------------------------------------------------------------------
-def axis_windows(length: int, ks: int, dil: int, causal: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def axis_windows(length: int, ks: int, dil: int, causal: bool, device: torch.device,
+                 stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Key indices ``[length, ks]`` of each query position on one axis, and which of them are valid
-    (only causal windows near the start have invalid slots)."""
+    (only causal windows have invalid slots: before the axis start, or after the query itself)."""
     i = torch.arange(length, device=device)
     group, pos = i % dil, i // dil
     group_len = (length - group + dil - 1) // dil
+    base = (pos // stride) * stride
     if causal:
-        start = pos - ks + 1
+        leader = torch.minimum(base + stride - 1, group_len - 1)
+        start = leader - ks + 1
     else:
-        start = torch.minimum(torch.clamp(pos - ks // 2, min=0), group_len - ks)
+        leader = torch.minimum(base + stride // 2, group_len - 1)
+        start = torch.minimum(torch.clamp(leader - ks // 2, min=0), group_len - ks)
     j = start[:, None] + torch.arange(ks, device=device)
-    valid = j >= 0
+    valid = (j >= 0) & (j <= pos[:, None]) if causal else torch.ones_like(j, dtype=torch.bool)
     return j.clamp(min=0) * dil + group[:, None], valid
 
 
@@ -131,8 +146,9 @@ def reference(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    return attend_fp32(q, k, v, kernel_size, dilation, is_causal, scale).reshape(q.shape).to(q.dtype)
+    return attend_fp32(q, k, v, kernel_size, dilation, is_causal, scale, stride).reshape(q.shape).to(q.dtype)
 
 
 def attend_fp32(
@@ -143,6 +159,7 @@ def attend_fp32(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
     query_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp32 attention over each query's exact neighborhood, ``[B, queries, heads, head_dim]``. With
@@ -150,8 +167,10 @@ def attend_fp32(
     batch, *spatial, heads, dim = q.shape
     scale = dim**-0.5 if scale is None else scale
     tokens = math.prod(spatial)
-    windows = [axis_windows(n, ks, d, c, q.device) for n, ks, d, c in zip(spatial, kernel_size, dilation, is_causal, strict=True)]
-    strides = [math.prod(spatial[a + 1 :]) for a in range(len(spatial))]
+    stride = stride or (1,) * len(spatial)
+    windows = [axis_windows(n, ks, d, c, q.device, s)
+               for n, ks, d, c, s in zip(spatial, kernel_size, dilation, is_causal, stride, strict=True)]
+    steps = [math.prod(spatial[a + 1 :]) for a in range(len(spatial))]  # flat-index step per axis
     qf = q.reshape(batch, tokens, heads, dim).float()
     kf = k.reshape(batch, tokens, heads, dim).float()
     vf = v.reshape(batch, tokens, heads, dim).float()
@@ -163,9 +182,9 @@ def attend_fp32(
         flat_q = queries[lo : lo + chunk]
         keys = torch.zeros(flat_q.numel(), 1, dtype=torch.long, device=q.device)
         valid = torch.ones(flat_q.numel(), 1, dtype=torch.bool, device=q.device)
-        for (idx, ok), stride, length in zip(windows, strides, spatial, strict=True):
-            coord = (flat_q // stride) % length
-            keys = (keys[:, :, None] + idx[coord][:, None, :] * stride).flatten(1)
+        for (idx, ok), step, length in zip(windows, steps, spatial, strict=True):
+            coord = (flat_q // step) % length
+            keys = (keys[:, :, None] + idx[coord][:, None, :] * step).flatten(1)
             valid = (valid[:, :, None] & ok[coord][:, None, :]).flatten(1)
         kw, vw = kf[:, keys], vf[:, keys]  # [B, n, W, H, D]
         scores = torch.einsum("bnhd,bnwhd->bnhw", qf[:, flat_q], kw) * scale
@@ -181,30 +200,34 @@ def guard_queries(
     is_causal: tuple[bool, ...],
     work: int,
     generator: torch.Generator,
+    stride: tuple[int, ...] | None = None,
 ) -> torch.Tensor | None:
     """Flat query indices the guard compares, or None for all of them.
 
     All queries when there are at most ``GUARD_SAMPLE`` or the reference's work for all of them
     (``work``: gathered K/V elements) is within ``GUARD_FULL_ELEMS``. Otherwise ``GUARD_SAMPLE`` random
     queries (drawn anew on every verification), plus, on every axis, every coordinate whose window
-    is shifted by the border (the first and last ``(k//2 + 1) * dilation`` positions; for a causal axis
-    the first ``k * dilation``) at random coordinates on the other axes, plus every corner."""
+    is shifted by the border (the first and last ``(k//2 + 1 + s) * dilation`` positions for stride
+    ``s``; for a causal axis the first ``(k + s) * dilation``) at random coordinates on the other axes,
+    plus every corner."""
     tokens = math.prod(spatial)
     if tokens <= GUARD_SAMPLE or work <= GUARD_FULL_ELEMS:
         return None
     n = len(spatial)
     rows = [torch.stack([torch.randint(0, length, (GUARD_SAMPLE,), generator=generator) for length in spatial], 1)]
-    for axis, (length, ks, dil, causal) in enumerate(zip(spatial, kernel_size, dilation, is_causal, strict=True)):
-        lead = ks * dil if causal else (ks // 2 + 1) * dil
-        tail = (ks - ks // 2) * dil + dil
+    stride = stride or (1,) * n
+    for axis, (length, ks, dil, causal, st) in enumerate(zip(spatial, kernel_size, dilation, is_causal, stride,
+                                                              strict=True)):
+        lead = (ks + st) * dil if causal else (ks // 2 + 1 + st) * dil
+        tail = (ks - ks // 2 + st) * dil + dil
         border = sorted(set(range(min(lead, length))) | set(range(max(0, length - tail), length)))
         block = torch.stack([torch.randint(0, length_, (len(border),), generator=generator) for length_ in spatial], 1)
         block[:, axis] = torch.tensor(border)
         rows.append(block)
     rows.append(torch.tensor(list(itertools.product(*[(0, length - 1) for length in spatial])), dtype=torch.long))
     coords = torch.cat(rows)
-    strides = torch.tensor([math.prod(spatial[a + 1 :]) for a in range(n)])
-    return torch.unique((coords * strides).sum(1))
+    steps = torch.tensor([math.prod(spatial[a + 1 :]) for a in range(n)])
+    return torch.unique((coords * steps).sum(1))
 
 
 def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> str | None:
@@ -216,7 +239,7 @@ def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> st
     tokens = math.prod(spatial)
     work = batch * tokens * math.prod(kernel_size) * heads * dim
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-    sample = guard_queries(spatial, kernel_size, args[4], args[5], work, generator)
+    sample = guard_queries(spatial, kernel_size, args[4], args[5], work, generator, args[7])
     if sample is not None:
         sample = sample.to(q.device)
     ref = attend_fp32(*args, query_index=sample)
@@ -231,12 +254,12 @@ def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> st
 # -- planning example and fake impl ---------------------------------------------------------------
 def example(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     q = torch.empty(1, 40, 96, 96, 4, 64, dtype=dtype, device=device)
-    return (q, q, q, (11, 11, 11), (1, 1, 1), (False, False, False), None)
+    return (q, q, q, (11, 11, 11), (1, 1, 1), (False, False, False), None, (1, 1, 1))
 
 
 def fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_size: tuple[int, ...], dilation: tuple[int, ...],
-         is_causal: tuple[bool, ...], scale: float | None) -> torch.Tensor:  # fmt: skip
-    check(q, k, v, kernel_size, dilation, is_causal, scale)
+         is_causal: tuple[bool, ...], scale: float | None, stride: tuple[int, ...]) -> torch.Tensor:  # fmt: skip
+    check(q, k, v, kernel_size, dilation, is_causal, scale, stride)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -255,6 +278,9 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         C.Case("head_dim 64, scale 0.1", (*qkv(1, 16, 16, 2, 64), (5, 5), (1, 1), (False, False), 0.1)),
         C.Case("head_dim 96", (*qkv(1, 8, 8, 1, 96), (3, 3), (1, 1), (False, False), None)),
         C.Case("head_dim 128", (*qkv(1, 8, 8, 1, 128), (3, 3), (1, 1), (False, False), None)),
+        C.Case("2-D stride (2,3)", (*qkv(1, 12, 12, 1, 16), (5, 5), (1, 1), (False, False), None, (2, 3))),
+        C.Case("1-D stride = kernel (blocks)", (*qkv(1, 24, 1, 16), (4,), (1,), (False,), None, (4,))),
+        C.Case("2-D causal, strided, dilated", (*qkv(1, 12, 8, 1, 16), (3, 3), (2, 1), (True, False), None, (2, 3))),
     ]
 
 

@@ -33,8 +33,9 @@ def _fake_natten(version: str = "0.21.0") -> types.ModuleType:
                                   is_causal=is_causal, scale=scale, perf=perf,
                                   contiguous=all(t.is_contiguous() for t in (query, key, value))))
             assert query.dim() == n + 3, "natten.naNd expects [B, *spatial(N), heads, dim]"
-            assert stride == (1,) * n
-            return reference(query, key, value, tuple(kernel_size), tuple(dilation), tuple(is_causal), scale)
+            assert len(stride) == n
+            return reference(query, key, value, tuple(kernel_size), tuple(dilation), tuple(is_causal), scale,
+                             tuple(stride))
 
         na.__name__ = f"na{n}d"
         return na
@@ -69,6 +70,13 @@ def test_argument_mapping_simulated(fake_natten, spatial, ks, dil, causal) -> No
     assert call["scale"] == pytest.approx(32**-0.5)  # explicit: NATTEN reads `scale or default`
     assert call["perf"] == {}
     torch.testing.assert_close(out, reference(q, k, v, ks, dil, causal, None))
+
+
+def test_stride_passes_through_simulated(fake_natten) -> None:
+    q = torch.randn(1, 8, 12, 2, 32)
+    out = impl.neighborhood_attention(q, q, q, (3, 5), (1, 1), (False, False), None, (3, 5))
+    assert fake_natten.calls[-1]["stride"] == (3, 5)
+    torch.testing.assert_close(out, reference(q, q, q, (3, 5), (1, 1), (False, False), None, (3, 5)))
 
 
 def test_scale_and_launch_knobs_pass_through_simulated(fake_natten) -> None:

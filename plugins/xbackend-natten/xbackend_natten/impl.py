@@ -54,6 +54,7 @@ def supports(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
 ) -> str | None:
     if q.device.type not in ("cuda", "meta"):
         return "needs a CUDA device"
@@ -84,6 +85,7 @@ def neighborhood_attention(
     dilation: tuple[int, ...],
     is_causal: tuple[bool, ...],
     scale: float | None,
+    stride: tuple[int, ...] | None = None,
     *,
     backend: str | None = None,
     q_tile_shape: tuple[int, ...] | None = None,
@@ -96,7 +98,8 @@ def neighborhood_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     kwargs: dict[str, Any] = {
         "kernel_size": tuple(int(x) for x in kernel_size),
-        "stride": (1,) * n,
+        # NATTEN's stride is the op's: queries grouped by stride share their leader's window.
+        "stride": tuple(int(x) for x in stride) if stride is not None else (1,) * n,
         "dilation": tuple(int(x) for x in dilation),
         "is_causal": tuple(bool(x) for x in is_causal),
         "scale": scale,
