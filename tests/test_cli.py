@@ -91,3 +91,12 @@ def test_ops_signatures(capsys) -> None:
     out = capsys.readouterr().out
     assert "fn(x, update, gate)" in out and "supports(x, weight, eps, flavour) -> None | str" in out
     assert "vae_tile_decode(" in out
+
+
+def test_plan_shape_errors_are_clear(capsys) -> None:
+    from xbackend.cli import main
+
+    assert main(["plan", "--op", "rmsnorm", "--shape", "x=none"]) == 2
+    assert "rmsnorm requires argument 'x'" in capsys.readouterr().err
+    assert main(["plan", "--op", "rmsnorm", "--shape", "x=-1,4"]) == 2
+    assert "sizes >= 0" in capsys.readouterr().err

@@ -409,3 +409,119 @@ def test_tolerance_contract_with_nan_and_inf_in_the_reference() -> None:
     assert compare(ref.clone(), ref, xbackend.tolerance(1e-3)) is None
     assert "NaN" in compare(torch.tensor([1.0, 1.0, float("inf"), 2.0]), ref, xbackend.tolerance(1e-3))
     assert "relative Frobenius" in compare(torch.tensor([1.0, float("nan"), float("inf"), 3.0]), ref, xbackend.tolerance(1e-3))
+
+
+# -- found by review: each reproduced, then fixed -----------------------------------------------------
+def test_neighborhood_attention_output_of_another_shape_or_dtype_is_rejected() -> None:
+    q = torch.randn(1, 16, 2, 8).to(torch.bfloat16)
+    for name, bad in (("flat", lambda r: r.flatten()), ("fp32", lambda r: r.float()),
+                      ("reshaped", lambda r: r.reshape(1, 2, 16, 8))):
+        def impl(*a, bad=bad):
+            return bad(na.reference(*a))
+
+        with fresh_runtime([plugin("neighborhood_attention", name, impl, precision=xbackend.tolerance(0.005))]) as rt:
+            out = xbackend.get_op("neighborhood_attention")(q, q, q, 3)
+        assert statuses(rt)[0] == (f"{name}:{name}", "mismatch") and out.shape == q.shape and out.dtype == q.dtype
+
+
+def test_an_output_over_an_inputs_memory_through_another_storage_is_rejected() -> None:
+    def through_dlpack(x, u, g):
+        return torch.from_dlpack(x.__dlpack__())  # another storage object over x's memory
+
+    x, u, g = inputs()
+    with fresh_runtime([plugin("gated_residual", "dl", through_dlpack)]) as rt:
+        gated_residual(x, u, g)
+    assert "sharing memory with input 'x'" in rt.events[0].detail
+
+
+def test_backward_after_an_in_place_edit_of_an_input_raises_like_eager() -> None:
+    x, u, g = (torch.randn(2, 4, 8, requires_grad=True) for _ in range(3))
+    y = gated_residual(x, u, g)
+    with torch.no_grad():
+        g.mul_(10)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_a_forced_impl_that_keeps_failing_raises_impl_unusable_every_call() -> None:
+    def crashes(x, u, g):
+        raise RuntimeError("CUDA error (simulated)")
+
+    with fresh_runtime([plugin("gated_residual", "bad", crashes)]), xbackend.use(gated_residual="bad"):
+        for _ in range(3):
+            with pytest.raises(xbackend.ImplUnusableError, match="forced impl 'bad"):
+                gated_residual(*inputs())
+
+
+def test_werror_fallback_warning_is_raised_on_a_later_call_mismatch_too() -> None:
+    calls = {"n": 0}
+
+    def late(x, u, g):
+        calls["n"] += 1
+        return gr.reference(x, u, g) + (calls["n"] > 1)
+
+    with fresh_runtime([plugin("gated_residual", "late", late)]), xbackend.verify("always"), warnings.catch_warnings():
+        warnings.simplefilter("error", xbackend.FallbackWarning)
+        gated_residual(*inputs())
+        with pytest.raises(xbackend.FallbackWarning, match="later call"):
+            gated_residual(*inputs())
+
+
+def test_an_error_after_an_out_of_memory_retry_falls_back_and_a_good_retry_resets_the_count() -> None:
+    plan = []
+
+    def scripted(x, u, g):
+        step = plan.pop(0) if plan else "ok"
+        if step == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        if step == "crash":
+            raise RuntimeError("illegal memory access (simulated)")
+        return gr.reference(x, u, g)
+
+    x, u, g = inputs()
+    with fresh_runtime([plugin("gated_residual", "s", scripted)]) as rt:
+        gated_residual(x, u, g)
+        for _ in range(4):  # OOM then a good retry, four times: never disabled
+            plan[:] = ["oom", "ok"]
+            assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert ("s:s", "raised") not in statuses(rt) and ("s:s", "transient") not in statuses(rt)
+        plan[:] = ["oom", "crash"]
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert statuses(rt)[-2:] == [("s:s", "raised"), ("xbackend:reference", "reference")]
+
+
+def test_an_impl_that_calls_its_own_op_does_not_hang() -> None:
+    def reenters(x, u, g):
+        return gated_residual(x, u, g)
+
+    x, u, g = inputs()
+    done = []
+    t = threading.Thread(target=lambda: done.append(gated_residual(x, u, g)))
+    with fresh_runtime([plugin("gated_residual", "loop", reenters)]) as rt:
+        t.start()
+        t.join(timeout=30)
+    assert not t.is_alive() and torch.equal(done[0], x + u * g)
+    assert statuses(rt)[0] == ("loop:loop", "raised") and "re-enter" in rt.events[0].detail
+
+
+def test_a_reference_failure_during_verification_reaches_the_caller_and_disables_nothing(monkeypatch) -> None:
+    x, u, g = inputs()
+    with fresh_runtime([plugin("gated_residual", "good", gr.reference)]) as rt:
+        spec = gated_residual.spec
+        monkeypatch.setattr(type(spec), "check_output", lambda self, out, args, p: (_ for _ in ()).throw(
+            RuntimeError("CUDA error in the reference (simulated)")))
+        with pytest.raises(RuntimeError, match="in the reference"):
+            gated_residual(x, u, g)
+        monkeypatch.undo()
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert statuses(rt) == [("good:good", "verified")]
+
+
+def test_problems_lists_a_failed_plugin_even_when_another_line_contains_its_name() -> None:
+    class Broken:
+        @xbackend.hookimpl
+        def xbackend_register_impls(self, registrar):
+            raise RuntimeError("kernel table missing")
+
+    with fresh_runtime([("liger", Broken())], block=["liger_old"]):
+        assert any(p.startswith("plugin 'liger'") for p in xbackend.problems())

@@ -16,6 +16,7 @@ from ._device import Device
 from ._opspec import OpSpec, register_inference_op
 from ._policy import current_policy
 from ._precision import Output
+from ._runtime import GUARD_SIGNALS as _GUARD_SIGNALS
 from ._runtime import runtime
 from .ops import OPS
 
@@ -73,6 +74,8 @@ class Op:
             if fn is not None:
                 try:
                     return fn(*a)
+                except _GUARD_SIGNALS:
+                    raise
                 except Exception as e:
                     return rt.after_failure(self.spec, key, a, e, fn)
         return self._eager(*a)
@@ -336,7 +339,7 @@ def problems() -> list[str]:
     ``XBACKEND_PLUGINS`` / ``XBACKEND_BLOCK``, environment values that are not understood."""
     rt = runtime()
     return list(rt.problems) + [f"plugin {s.name!r}: {s.error}" for s in rt.plugins.values()
-                                if s.error and not any(s.name in p for p in rt.problems)]
+                                if s.error and not any(p.startswith(f"plugin {s.name!r}") for p in rt.problems)]
 
 
 def report() -> Report:

@@ -158,11 +158,18 @@ def side_effects(out: Output, copies: list[_Copy], may_alias: bool = False) -> s
         if not torch.equal(c.data, c.original):
             return f"modified its input {' / '.join(repr(n) for n in c.names)} in place"
     if not may_alias:
-        owned = {c.data.untyped_storage().data_ptr(): c.names for c in copies}
         for o in _outputs(out):
-            names = owned.get(o.untyped_storage().data_ptr()) if o.numel() else None
-            if names is not None:
-                return f"returned an output sharing memory with input {' / '.join(repr(n) for n in names)}"
+            if not o.numel():
+                continue
+            lo, hi = _span(o)
+            start = o.data_ptr() - o.storage_offset() * o.element_size()
+            lo, hi = start + lo, start + hi  # the output's bytes, as addresses
+            for c in copies:
+                base = c.data.data_ptr()
+                # Overlap by address, not storage identity: DLPack, numpy or set_() views of a copy are
+                # other storage objects over the same memory.
+                if o.device == c.data.device and lo < base + c.data.numel() and base < hi:
+                    return f"returned an output sharing memory with input {' / '.join(repr(n) for n in c.names)}"
     return None
 
 

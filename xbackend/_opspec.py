@@ -147,10 +147,18 @@ def register_reference_autograd(custom_op: Any, reference: Callable[..., Output]
     gradients carry the reference's own graph to the inputs and to the incoming gradients."""
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Output) -> None:
-        ctx.inputs = _tuples(inputs)  # the reference takes bound arguments: tuples, not the dispatcher's lists
+        bound = list(_tuples(inputs))  # the reference takes bound arguments: tuples, not the dispatcher's lists
+        # Tensors through save_for_backward, so autograd's version check refuses a backward after an
+        # input was modified in place (as eager PyTorch does) instead of differentiating new values.
+        ctx.save_for_backward(*[bound[i] for i in tensor_args])
+        for i in tensor_args:
+            bound[i] = None
+        ctx.inputs = bound
 
     def backward(ctx: Any, *grad_outs: Any) -> tuple[Any, ...]:
         inputs = list(ctx.inputs)
+        for i, t in zip(tensor_args, ctx.saved_tensors, strict=True):
+            inputs[i] = t
         wanted = [i for i in tensor_args if inputs[i] is not None and inputs[i].requires_grad]
         # Grad mode is on inside backward exactly when autograd records it (create_graph=True).
         higher_order = torch.is_grad_enabled()

@@ -98,6 +98,8 @@ def compare(out: Output, ref: Output, precision: Precision) -> str | None:
         return f"returned {type(out).__name__}, reference is a tensor"
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return f"returned {out.dtype}{list(out.shape)}, reference is {ref.dtype}{list(ref.shape)}"
+    if out.device != ref.device:
+        return f"returned a tensor on {out.device}, reference is on {ref.device}"
     if precision.kind == "exact":
         differ = _bits_differ(out, ref)
         if differ == 0:
@@ -159,4 +161,7 @@ def _max_ulp_note(out: torch.Tensor, ref: torch.Tensor) -> str:
     if not bool(finite.any()):
         return ""
     worst = int(ulp_distance(out[finite], ref[finite]).max())
-    return f", max {worst} ulp" if worst else ", zeros of the other sign"
+    if worst:
+        return f", max {worst} ulp"
+    signed_zeros = bool(((out == 0) & (ref == 0) & (out.signbit() != ref.signbit())).any())
+    return ", zeros of the other sign" if signed_zeros else ", NaN or Inf where the reference differs"

@@ -50,6 +50,11 @@ class ImplUnusableError(RuntimeError):
     """A forced impl (``xbackend.use``) cannot take this call."""
 
 
+# Raised by the guard itself, never an impl's failure to fall back from: a forced impl that cannot run,
+# and a fallback turned into an error by ``-W error::xbackend.FallbackWarning``.
+GUARD_SIGNALS = (ImplUnusableError, FallbackWarning)
+
+
 @dataclass
 class Event:
     op: str
@@ -221,6 +226,8 @@ class Runtime:
         if fn is not None:
             try:
                 return fn(*args)
+            except GUARD_SIGNALS:
+                raise
             except Exception as e:
                 return self.after_failure(spec, key, args, e, fn)
         return self._first_use(spec, entry, args)
@@ -241,12 +248,23 @@ class Runtime:
 
     def _first_use(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...]) -> Output:
         """Resolve and verify under the entry's lock, or run what another thread verified meanwhile."""
+        if entry in _resolving():
+            # The candidate under verification called its own op with the same key: no answer for
+            # it exists yet, and waiting on this entry's lock would wait on this very thread.
+            raise RuntimeError(f"{spec.name}: an impl called {spec.name} on the same inputs during its own "
+                               f"verification (impls must not re-enter their op)")
         with entry.lock:
             fn = entry.fn
             if fn is None:
-                return self._resolve(spec, entry, args)
+                _resolving().add(entry)
+                try:
+                    return self._resolve(spec, entry, args)
+                finally:
+                    _resolving().discard(entry)
         try:
             return fn(*args)
+        except GUARD_SIGNALS:
+            raise
         except Exception as e:
             return self._failed(spec, entry, args, e, fn)
 
@@ -280,6 +298,9 @@ class Runtime:
                 transient = True
                 continue
             self._disable(spec, entry, impl, status, reason)
+        if entry.forced is not None:  # every candidate but the forced one is ruled out by use()
+            why = "; ".join(f"{name}: {r}" for name, r in entry.disabled.items()) or "it ran out of memory"
+            raise ImplUnusableError(f"{spec.name}: forced impl {entry.forced!r} cannot run {entry.described}: {why}")
         raise AssertionError(f"{spec.name}: no candidate left, not even the reference")  # the reference is never disabled
 
     def _check(self, spec: OpSpec, impl: Impl, args: tuple[Any, ...]) -> tuple[Any, str, str, Any]:
@@ -291,15 +312,17 @@ class Runtime:
             try:
                 fn = impl.resolved("fn")
                 out, reason = isolated_call(fn, args, spec.tensor_args, self._arg_names[spec.name])
-                if reason is None:
-                    reason = spec.check_output(out, args, impl.precision)
-                return out, ("verified" if reason is None else "mismatch"), reason or "", fn
             except torch.OutOfMemoryError as e:
                 if attempt == 2:
                     return None, "transient", _one_line(e), fn
                 _empty_cache(spec.device_of(args))
             except Exception as e:
                 return None, "raised", _one_line(e), fn
+            if reason is None:
+                # The reference runs here, on the caller's tensors: its errors are the caller's
+                # (a real out-of-memory, bad input its checks let through), never the candidate's.
+                reason = spec.check_output(out, args, impl.precision)
+            return out, ("verified" if reason is None else "mismatch"), reason or "", fn
         raise AssertionError("unreachable")
 
     def _runner(self, spec: OpSpec, entry: _Entry, impl: Impl, fn: Callable[..., Output]) -> Callable[..., Output]:
@@ -346,7 +369,7 @@ class Runtime:
                 failed = entry.impl
                 if failed is None or failed is self._references[spec.name]:
                     raise error  # the reference itself failed: the caller's problem, surface it
-                if isinstance(error, torch.OutOfMemoryError) and self._strike(spec, entry, failed, _one_line(error)):
+                if isinstance(error, torch.OutOfMemoryError):
                     retry = True
                 else:
                     entry.fn = entry.impl = None
@@ -354,9 +377,26 @@ class Runtime:
         if retry:
             _empty_cache(spec.device_of(args))
             try:
-                return fn(*args)
-            except torch.OutOfMemoryError:
-                return spec.reference(*args)  # this call only; the impl keeps its place until OOM_STRIKES
+                out = fn(*args)
+            except torch.OutOfMemoryError as again:
+                with entry.lock:
+                    if entry.fn is fn and entry.impl is not None:
+                        if self._strike(spec, entry, entry.impl, _one_line(again)):
+                            return spec.reference(*args)  # this call only; the impl keeps its place
+                        failed, entry.fn, entry.impl = entry.impl, None, None
+                        self._disable(spec, entry, failed, "transient", _one_line(again))
+                return self._first_use(spec, entry, args)
+            except GUARD_SIGNALS:
+                raise
+            except Exception as other:
+                with entry.lock:
+                    if entry.fn is fn and entry.impl is not None:
+                        failed, entry.fn, entry.impl = entry.impl, None, None
+                        self._disable(spec, entry, failed, "raised", _one_line(other))
+                return self._first_use(spec, entry, args)
+            if entry.impl is not None:
+                entry.strikes.pop(entry.impl.qualname, None)  # the retry ran: the failures were not in a row
+            return out
         return self._first_use(spec, entry, args)
 
     def _strike(self, spec: OpSpec, entry: _Entry, impl: Impl, reason: str) -> bool:
@@ -382,6 +422,17 @@ class Runtime:
     def _event(self, spec: OpSpec, entry: _Entry, impl: Impl, status: str, detail: str = "") -> None:
         self.events.append(Event(spec.name, entry.described, impl.qualname, status, detail))
         self.events_total += 1
+
+
+_local = threading.local()
+
+
+def _resolving() -> set[_Entry]:
+    """The entries this thread is verifying a candidate for."""
+    found = getattr(_local, "entries", None)
+    if found is None:
+        found = _local.entries = set()
+    return found
 
 
 def _one_line(error: BaseException) -> str:

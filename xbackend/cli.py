@@ -133,12 +133,16 @@ def _shaped_args(op: str, dtype: torch.dtype, shapes: list[str]) -> tuple:
                              f"({tensors}), got {item!r}")
         i = names.index(name)
         if dims.strip().lower() == "none":
+            if inspect.signature(spec.bind).parameters[name].default is inspect.Parameter.empty:
+                raise ValueError(f"plan: --shape {name}=none: {op} requires argument {name!r}")
             args[i] = None
             continue
         try:
             size = [int(d) for d in dims.split(",") if d.strip()]
         except ValueError:
             raise ValueError(f"plan: --shape {name} expected comma-separated ints, got {dims!r}") from None
+        if any(d < 0 for d in size):
+            raise ValueError(f"plan: --shape {name} expected sizes >= 0, got {dims!r}")
         like = args[i] if isinstance(args[i], torch.Tensor) else args[spec.tensor_args[0]]
         args[i] = torch.empty(size, dtype=like.dtype, device="meta")
     return tuple(args)
@@ -232,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # the ops' argument errors are Value/TypeErrors
         print(f"xbackend: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `xbackend fleet | head`: the reader left; not an error of ours

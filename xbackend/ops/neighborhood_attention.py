@@ -234,6 +234,10 @@ def verify(out: torch.Tensor, args: tuple[Any, ...], precision: Precision) -> st
     """Compare the output with the fp32 reference: all of it when that is cheap, else the queries
     ``guard_queries`` picks (random ones and every border region)."""
     q, kernel_size = args[0], args[3]
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, reference is a tensor"
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        return f"returned {out.dtype}{list(out.shape)} on {out.device}, reference is {q.dtype}{list(q.shape)} on {q.device}"
     batch, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
     spatial = tuple(q.shape[1:-2])
     tokens = math.prod(spatial)

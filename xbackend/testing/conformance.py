@@ -137,7 +137,10 @@ def check(rt: Runtime, target: Target, cases: list[Case] | None = None) -> tuple
             failures.append(f"{label}: raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
                             f"(supports() accepted the case)")
             continue
-        problem = side or spec.check_output(out, args, impl.precision)
+        try:
+            problem = side or spec.check_output(out, args, impl.precision)
+        except Exception as e:
+            problem = f"its output could not be compared: {type(e).__name__}: {e}"
         if problem is not None:
             failures.append(f"{label}: {problem} (contract {impl.precision})")
             continue
