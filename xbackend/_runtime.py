@@ -42,7 +42,7 @@ log = logging.getLogger("xbackend")
 _MAX_KEYS = 4096  # per policy; shapes churn in some servers, so the cache must not grow unbounded
 _MAX_EVENTS = 4096  # report() keeps the latest events; the count of older ones is kept
 # A torch.OutOfMemoryError is retried once after emptying the allocator's cache; an impl is disabled
-# for a key only after this many calls ran out of memory in a row.
+# for a key only after this many retries ran out of memory too, with no successful retry between.
 OOM_STRIKES = 3
 _PRIORITY_FLOOR = -(2**31)  # the reference's priority: below anything a plugin can register
 
@@ -83,7 +83,7 @@ class _Entry:
         self.forced = forced
         self.mode = mode
         self.calls = itertools.count(1)  # calls since verification (sample:N); next() is atomic in CPython
-        self.strikes: dict[str, int] = {}  # impl qualname -> out-of-memory failures in a row
+        self.strikes: dict[str, int] = {}  # impl qualname -> retries that ran out of memory too
 
 
 class Runtime:
@@ -395,7 +395,7 @@ class Runtime:
                         self._disable(spec, entry, failed, "raised", _one_line(other))
                 return self._first_use(spec, entry, args)
             if entry.impl is not None:
-                entry.strikes.pop(entry.impl.qualname, None)  # the retry ran: the failures were not in a row
+                entry.strikes.pop(entry.impl.qualname, None)  # the retry ran: start counting again
             return out
         return self._first_use(spec, entry, args)
 
@@ -405,7 +405,7 @@ class Runtime:
         if strikes >= OOM_STRIKES:
             return False
         self._event(spec, entry, impl, "transient",
-                    f"{reason} ({strikes} of {OOM_STRIKES} in a row; retried after emptying the cache, this call "
+                    f"{reason} ({strikes} of {OOM_STRIKES}; retried after emptying the cache, this call "
                     f"fell back)")
         return True
 
