@@ -327,17 +327,19 @@ def test_strict_fails_on_an_unknown_block_name(capsys, monkeypatch: pytest.Monke
     assert code == 3 and "cuda:tritonn" in capsys.readouterr().err
 
 
-def test_unknown_names_are_found_without_the_runtime_s_own_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the runtime keeps no ``problems`` list, --strict works the unknown names out itself."""
-    from xbackend.fleet.strict import _unknown_names
+def test_strict_problems_are_the_runtimes_load_problems(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--strict reads the same list as ``xbackend.problems()``: unknown names in both env vars."""
+    from xbackend.fleet.strict import load_problems
 
     monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setenv("XBACKEND_PLUGINS", "cuda,cudaa")
-    with fresh_runtime(_builtin_plugins()[:1], block={"nosuch", "triton", "cuda:cuda_vec"}) as rt:
-        problems = _unknown_names(rt)
+    with fresh_runtime(block={"nosuch", "triton", "cuda:cuda_vec"}) as rt:  # cuda loads through XBACKEND_PLUGINS
+        assert set(rt.plugins) == {"cuda"}
+        problems = load_problems(rt)
+        assert problems == xbackend.problems()
     assert len(problems) == 2
-    assert problems[0].startswith("XBACKEND_PLUGINS names 'cudaa', which is no installed plugin (loaded: cuda)")
-    assert problems[1].startswith("XBACKEND_BLOCK names 'nosuch', which is no plugin or impl")
+    assert problems[0].startswith("XBACKEND_PLUGINS names no installed plugin: cudaa")
+    assert problems[1].startswith("XBACKEND_BLOCK names no plugin or impl: nosuch")
 
 
 # -- --compile ----------------------------------------------------------------------------------------
@@ -498,3 +500,11 @@ def test_fleet_workflow_passes_actionlint_where_installed() -> None:
         pytest.skip("actionlint not on PATH (optional: the structure test above always runs)")
     run = subprocess.run(["actionlint", str(ROOT / ".github" / "workflows" / "fleet.yml")], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(("value", "strict"), [("1", True), ("true", True), ("0", False), ("false", False), ("", False)])
+def test_strict_env_is_a_boolean(value: str, strict: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from xbackend.fleet.strict import strict_requested
+
+    monkeypatch.setenv("XBACKEND_STRICT", value)
+    assert strict_requested(False) is strict and strict_requested(True)

@@ -337,9 +337,7 @@ def plugins() -> list[Any]:
 def problems() -> list[str]:
     """Load-time problems, one line each: plugins refused or failed, unknown names in
     ``XBACKEND_PLUGINS`` / ``XBACKEND_BLOCK``, environment values that are not understood."""
-    rt = runtime()
-    return list(rt.problems) + [f"plugin {s.name!r}: {s.error}" for s in rt.plugins.values()
-                                if s.error and not any(p.startswith(f"plugin {s.name!r}") for p in rt.problems)]
+    return runtime().load_problems()
 
 
 def report() -> Report:

@@ -151,36 +151,30 @@ def _outputs(out: Output) -> list[torch.Tensor]:
     return []
 
 
-def side_effects(out: Output, copies: list[_Copy], may_alias: bool = False) -> str | None:
+def side_effects(out: Output, copies: list[_Copy]) -> str | None:
     """Why an isolated call is unacceptable (it wrote into an input, or returned an input's memory),
     or None."""
     for c in copies:
         if not torch.equal(c.data, c.original):
             return f"modified its input {' / '.join(repr(n) for n in c.names)} in place"
-    if not may_alias:
-        for o in _outputs(out):
-            if not o.numel():
-                continue
-            lo, hi = _span(o)
-            start = o.data_ptr() - o.storage_offset() * o.element_size()
-            lo, hi = start + lo, start + hi  # the output's bytes, as addresses
-            for c in copies:
-                base = c.data.data_ptr()
-                # Overlap by address, not storage identity: DLPack, numpy or set_() views of a copy are
-                # other storage objects over the same memory.
-                if o.device == c.data.device and lo < base + c.data.numel() and base < hi:
-                    return f"returned an output sharing memory with input {' / '.join(repr(n) for n in c.names)}"
+    for o in _outputs(out):
+        if not o.numel():
+            continue
+        lo, hi = _span(o)
+        lo, hi = o.data_ptr(), o.data_ptr() + (hi - lo)  # the output's bytes, as addresses
+        for c in copies:
+            base = c.data.data_ptr()
+            # Overlap by address, not storage identity: DLPack, numpy or set_() views of a copy are
+            # other storage objects over the same memory.
+            if o.device == c.data.device and lo < base + c.data.numel() and base < hi:
+                return f"returned an output sharing memory with input {' / '.join(repr(n) for n in c.names)}"
     return None
 
 
-def isolated_call(fn: Any, args: tuple[Any, ...], tensor_args: tuple[int, ...], names: tuple[str, ...],
-                  may_alias: bool = False) -> tuple[Output, str | None]:
+def isolated_call(fn: Any, args: tuple[Any, ...], tensor_args: tuple[int, ...],
+                  names: tuple[str, ...]) -> tuple[Output, str | None]:
     """Run ``fn`` on private copies of ``args``' tensors: (its output, why it is unacceptable or None)."""
     inputs, copies = isolated_inputs(args, tensor_args, names)
     out = fn(*inputs)
-    return out, side_effects(out, copies, may_alias)
+    return out, side_effects(out, copies)
 
-
-def warn_fallback(message: str) -> None:
-    """The guard's fallback, as a warning of its own category (``-W error`` and ``pytest -W`` see it)."""
-    warnings.warn(message, FallbackWarning, stacklevel=5)

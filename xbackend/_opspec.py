@@ -3,6 +3,7 @@ which builds it with everything torch needs of the op."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import keyword
 import types
@@ -51,6 +52,11 @@ class OpSpec:
     # The conformance catalogue: ``cases(dtype, device, big)`` -> the op's ``Case`` list (``big``: also
     # the cases that need more than 4 GiB of device memory, such as offsets past 2**31 elements).
     cases: Callable[[torch.dtype, torch.device, bool], list[Any]] | None = None
+
+    @functools.cached_property
+    def arg_names(self) -> tuple[str, ...]:
+        """The op's argument names, in ``bind``'s order (what guard and test messages call them)."""
+        return tuple(inspect.signature(self.bind).parameters)
 
     def device_of(self, args: tuple[Any, ...]) -> torch.device:
         return args[self.tensor_args[0]].device

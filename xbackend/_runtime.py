@@ -11,7 +11,6 @@ and every caller that saw it raise takes the next candidate; the reference's own
 from __future__ import annotations
 
 import collections
-import inspect
 import itertools
 import logging
 import threading
@@ -114,7 +113,6 @@ class Runtime:
         self._lock = threading.Lock()
         self._devices: dict[tuple[str, int | None], Device] = {}
         self._available: dict[Impl, str | None] = {}
-        self._arg_names = {name: tuple(inspect.signature(spec.bind).parameters) for name, spec in OPS.items()}
         self.events: collections.deque[Event] = collections.deque(maxlen=_MAX_EVENTS)
         self.events_total = 0  # events ever recorded; the deque keeps the latest _MAX_EVENTS
 
@@ -173,6 +171,18 @@ class Runtime:
     # -- resolution ------------------------------------------------------------------------------
     def candidates(self, op: str) -> list[Impl]:
         return self.registry.impls(op) + [self._references[op]]
+
+    def load_problems(self) -> list[str]:
+        """Every load-time problem, one line each: plugins refused or failed to import or register
+        (a plugin blocked on purpose is none), then unknown names and bad environment values."""
+        lines = []
+        for name in sorted(self.plugins):
+            error = self.plugins[name].error
+            reported = any(p.startswith(f"plugin {name!r}") for p in self.problems)
+            if error is not None and not error.startswith("blocked") and not reported:
+                lines.append(f"plugin {name!r} failed to load: {error} (fix or uninstall it, or block it "
+                             f"with XBACKEND_BLOCK={name})")
+        return lines + list(self.problems)
 
     def reference(self, op: str) -> Impl:
         """The op's reference as an impl record (``xbackend:reference``)."""
@@ -311,7 +321,7 @@ class Runtime:
         for attempt in (1, 2):
             try:
                 fn = impl.resolved("fn")
-                out, reason = isolated_call(fn, args, spec.tensor_args, self._arg_names[spec.name])
+                out, reason = isolated_call(fn, args, spec.tensor_args, spec.arg_names)
             except torch.OutOfMemoryError as e:
                 if attempt == 2:
                     return None, "transient", _one_line(e), fn

@@ -122,7 +122,7 @@ def _shaped_args(op: str, dtype: torch.dtype, shapes: list[str]) -> tuple:
     from ._api import get_op
 
     spec = get_op(op).spec
-    names = list(inspect.signature(spec.bind).parameters)
+    names = list(spec.arg_names)
     args = list(spec.example(dtype, torch.device("meta")))
     for item in shapes:
         name, sep, dims = item.partition("=")
@@ -150,7 +150,6 @@ def _shaped_args(op: str, dtype: torch.dtype, shapes: list[str]) -> tuple:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     """Every op with its signature; with --signatures, the impl signature a plugin implements."""
-    import inspect
 
     from ._api import get_op, list_ops
 
@@ -159,8 +158,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
         spec = getattr(op, "spec", None)
         print(op.signature if spec is None else spec.signature)
         if args.signatures and spec is not None:
-            params = ", ".join(inspect.signature(spec.bind).parameters)
-            tensors = ", ".join(list(inspect.signature(spec.bind).parameters)[i] for i in spec.tensor_args)
+            params = ", ".join(spec.arg_names)
+            tensors = ", ".join(spec.arg_names[i] for i in spec.tensor_args)
             print(f"    impl:     fn({params}) -> {'(q, k)' if name == 'qk_norm_rope' else 'a new tensor'}  "
                   f"(positional, normalized by bind; never writes an input)")
             print(f"    supports: supports({params}) -> None | str  (shapes/strides/dtypes only: also runs on meta)")

@@ -114,7 +114,7 @@ def check(rt: Runtime, target: Target, cases: list[Case] | None = None) -> tuple
         fn = impl.resolved("fn")
     except Exception as e:
         return [f"{where}: fn {impl.fn!r} does not import: {type(e).__name__}: {e}"], 0
-    names = tuple(_arg_names(spec))
+    names = spec.arg_names
     failures: list[str] = []
     ran = 0
     first: tuple[Any, ...] | None = None
@@ -157,12 +157,6 @@ def check(rt: Runtime, target: Target, cases: list[Case] | None = None) -> tuple
     if first is not None:
         failures += [f"{where} {line}" for line in _op_checks(rt, impl, spec, first)]
     return failures, ran
-
-
-def _arg_names(spec: Any) -> list[str]:
-    import inspect
-
-    return list(inspect.signature(spec.bind).parameters)
 
 
 def _op_checks(rt: Runtime, impl: Impl, spec: Any, args: tuple[Any, ...]) -> Iterator[str]:
