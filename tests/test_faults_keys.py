@@ -121,6 +121,8 @@ def valid_args(name: str) -> tuple[Any, ...]:
         "gated_residual": (x, x, x),
         "rotary_embedding": (x, x, x),
         "qk_norm_rope": (x, x, w, w, x, x),
+        "qk_norm_rope_3d": (x6 := torch.randn(1, 2, 3, 2, 2, 8), x6, w, w),
+        "silu_mul": (x, x),
         "neighborhood_attention": (q_(), q_(), q_(), 3),
     }[name]
 

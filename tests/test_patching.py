@@ -508,7 +508,8 @@ def test_diffvae_patched_matches_stock_flex_within_attention_tolerance(one_threa
     expected = decode(model)  # diffusers' own tiled_decode and flex attention
     report = xbackend.patch(model)
     counts = report.counts()
-    assert counts == {"rmsnorm": 25, "rmsnorm_modulate": 4, "neighborhood_attention": 6, "tiled_decode": 1}, counts
+    assert counts == {"rmsnorm": 25, "rmsnorm_modulate": 4, "qk_norm_rope_3d": 6, "neighborhood_attention": 6,
+                      "silu_mul": 6, "tiled_decode": 1}, counts  # fmt: skip
     assert sorted(report.by_kind()["neighborhood_attention"]) == sorted(
         n for n, m in model.named_modules() if hasattr(m, "project_qkv")
     )
@@ -542,8 +543,39 @@ def test_diffvae_rewrite_is_bit_identical_with_the_same_attention(one_thread, dt
     report = xbackend.patch(model)
     assert {k.kind for k in report.skipped} == {"neighborhood_attention"}
     assert all("not one of diffusers' own" in k.reason for k in report.skipped)
-    assert report.counts() == {"rmsnorm": 25, "rmsnorm_modulate": 4, "tiled_decode": 1}
+    assert report.counts() == {"rmsnorm": 25, "rmsnorm_modulate": 4, "silu_mul": 6, "tiled_decode": 1}
     assert torch.equal(decode(model, dtype), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_diffvae_fully_patched_is_bit_identical_to_only_its_attention_patched(one_thread, dtype: torch.dtype) -> None:
+    """Same attention kernel on both sides: every other site (norms, modulations, the q/k prelude, the
+    SwiGLU product, the tiled decode) reproduces diffusers' bits."""
+    model = build_diffvae(dtype=dtype)
+    assert xbackend.patch(model, only=("neighborhood_attention",)).counts() == {"neighborhood_attention": 6}
+    expected = decode(model, dtype)
+    xbackend.unpatch(model)
+    report = xbackend.patch(model)
+    assert report.counts()["qk_norm_rope_3d"] == report.counts()["silu_mul"] == 6 and not report.skipped, str(report)
+    assert torch.equal(decode(model, dtype), expected)
+    xbackend.unpatch(model)
+    report = xbackend.patch(model, exclude=("qk_norm_rope_3d", "silu_mul"))
+    assert "qk_norm_rope_3d" not in report.counts() and "silu_mul" not in report.counts()
+    assert torch.equal(decode(model, dtype), expected)
+
+
+def test_diffvae_prelude_needs_the_attention_site_and_steps_aside_for_hooks() -> None:
+    model = build_diffvae()
+    report = xbackend.patch(model, only=("qk_norm_rope_3d",))
+    assert not report.sites and {k.kind for k in report.skipped} == {"qk_norm_rope_3d"}
+    assert "patch that kind too" in report.skipped[0].reason
+    xbackend.unpatch(model)
+    xbackend.patch(model)
+    attn = next(m for m in model.modules() if hasattr(m, "project_qkv"))
+    calls = []
+    attn.norm_q.register_forward_hook(lambda *a: calls.append(1))
+    decode(model)
+    assert calls  # the hooked norm ran: that layer took diffusers' project_qkv
 
 
 def _decode_worker(rank: int, world: int, state: dict) -> dict[str, Any]:
@@ -605,3 +637,21 @@ def test_rope_processor_equals_diffusers_with_and_without_a_mask(variant: str, m
     xbackend.patch(model, kinds=["rotary_embedding"])
     assert type(attn.processor).__name__ == "XbackendLTX2AttnProcessor"
     assert_equal(attn(x, None, mask, freqs, None), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_swiglu_keeps_diffusers_token_tiles(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    from diffusers.models.autoencoders import ltx2_diffusion_decoder as dd
+
+    monkeypatch.setattr(dd, "_SWIGLU_TILE_SIZE", 7)  # 3 x 4 x 5 = 60 tokens: 9 tiles, the last partial
+    torch.manual_seed(0)
+    mlp = dd.LTX2VideoVaeSwiGLU(16, 48).to(dtype)
+    x = torch.randn(1, 3, 4, 5, 16).to(dtype)
+    with torch.no_grad():
+        want = mlp(x)
+        report = xbackend.patch(mlp)
+        assert report.counts() == {"silu_mul": 1} and "tiles of 7 tokens" in report.sites[0].detail
+        assert torch.equal(mlp(x), want)
+        assert torch.equal(mlp(x[:, :1, :1]), dd.LTX2VideoVaeSwiGLU.forward(mlp, x[:, :1, :1]))  # one tile
+    xbackend.unpatch(mlp)
+    assert "forward" not in mlp.__dict__

@@ -9,25 +9,69 @@ arch-independent pointwise schedules, compiled for them but not tuned or run the
 
 from __future__ import annotations
 
-from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_qk_norm_rope
+from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_qk_norm_rope, triton_qk_norm_rope_3d
 from xbackend.kernels import rmsnorm as rms
 from xbackend.ops.qk_norm_rope import reference as qk_norm_rope_reference
+from xbackend.ops.qk_norm_rope_3d import reference as qk_norm_rope_3d_reference
 from xbackend.ops.rmsnorm import reference as rmsnorm_reference
 from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
 
 # The order of CUDA builds of PyTorch (128 threads per row, decreasing shuffles, rsqrt.approx.f32).
 NUMERICS = rms.CUDA_NUMERICS
+S, ARKB, MERGED = rms.Schedule, rms.ARR_ARKB, rms.ARR_MERGED
 
 LAUNCH = rms.LaunchTraits(
     # Hopper's griddepcontrol: compute capability 9 and up. Back-to-back [1, 32640, 4096] bf16
     # torch-flavour norms on the H200 (2 rows per 8-warp program): 130.7-130.8 -> 129.2-129.5 us per
     # call, bit-identical (lab/gpu/rmsnorm_persist.py --pdl, lab/results/h200/rmsnorm_pdl_variant.txt).
     pdl_min_major=9,
-    # The plain torch-flavour norm at D = 4096, 2-byte elements: two rows per 8-warp program beat one per
-    # 4 warps by 0.5-1.2 us at [32640, 4096] bf16 in four H200 runs (lab/gpu/rmsnorm_sweep.py,
-    # lab/gpu/rmsnorm_cuda.py). fp16 moves the same bytes; fp32 rows and other D are unmeasured and keep
-    # the default. Not for the diffusers flavour (25-45% slower that way) nor the modulate.
-    torch_rmsnorm=(((4096, 2), rms.Schedule(rows_per_program=2, num_warps=8)),),
+    # Schedules measured faster than the default on the H200, by (op kind, D or (d_min, d_max), element
+    # size); everything else keeps the default (lab/gpu/rmsnorm_narrow.py prints entries in this form).
+    schedules=rms.schedule_table(
+        {
+            # The plain torch-flavour norm at D = 4096, 2-byte elements: two rows per 8-warp program beat one
+            # per 4 warps by 0.5-1.2 us at [32640, 4096] bf16 in four H200 runs (lab/gpu/rmsnorm_sweep.py,
+            # lab/gpu/rmsnorm_cuda.py). fp16 moves the same bytes; fp32 rows are unmeasured and keep the
+            # default. Not for the diffusers flavour (25-45% slower that way) nor the modulate.
+            ("rmsnorm-torch", 4096, 2): rms.Schedule(rows_per_program=2, num_warps=8),
+            # Narrow rows, 2-byte elements: the best of each (op kind, D) in one H200 sweep, where it beat
+            # the default by >= 1 point of copy_; every schedule bit-identical to eager there
+            # (python3 lab/gpu/rmsnorm_narrow.py --budget-s 140, lab/results/h200/rmsnorm_narrow.txt: % of
+            # copy_ of the same bytes, lowest over the D's shapes, 2026-12-01). Torch-flavour rows of
+            # <= 256 elements need `trim` (the default tile leaves 1/2 to 7/8 of its lanes idle: 24% of
+            # copy_ at D = 64); modulates want `flat_mod` (scale/shift loaded once per program).
+            ("rmsnorm-torch", 64, 2): S(rows_per_program=32, num_warps=2, arrangement=ARKB, trim=True),  # 103.5% (24%)
+            ("rmsnorm-torch", 128, 2): S(rows_per_program=16, num_warps=2, arrangement=ARKB, trim=True),  # 104.7% (47%)
+            ("rmsnorm-torch", 256, 2): S(rows_per_program=8, num_warps=2, arrangement=ARKB, trim=True),  # 103.1% (85%)
+            ("rmsnorm-torch", 512, 2): S(rows_per_program=4, num_warps=4, arrangement=ARKB),  # 104.8% (102%)
+            ("rmsnorm-torch", 1000, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB),  # 94.2% (92%)
+            ("rmsnorm-torch", 1024, 2): S(rows_per_program=2, num_warps=4, arrangement=ARKB),  # 104.2% (102%)
+            ("rmsnorm-torch", 2048, 2): S(rows_per_program=1, num_warps=4, arrangement=ARKB),  # 104.2% (101%)
+            ("rmsnorm-diffusers", 64, 2): S(rows_per_program=16, num_warps=2, arrangement=ARKB),  # 72.6% (71%)
+            ("rmsnorm-diffusers", 128, 2): S(rows_per_program=16, num_warps=4, arrangement=ARKB),  # 104.1% (103%)
+            ("rmsnorm-diffusers", 512, 2): S(rows_per_program=4, num_warps=2, arrangement=ARKB),  # 104.6% (102%)
+            ("rmsnorm-diffusers", 1024, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB),  # 103.9% (102%)
+            ("rmsnorm-diffusers", 2048, 2): S(rows_per_program=4, num_warps=4, arrangement=ARKB),  # 101.8% (86%)
+            ("modulate-torch", 64, 2): S(rows_per_program=32, num_warps=4, arrangement=MERGED, trim=True, flat_mod=True),  # 103.0% (13%)
+            ("modulate-torch", 128, 2): S(rows_per_program=32, num_warps=4, arrangement=MERGED, trim=True, flat_mod=True),  # 102.1% (26%)
+            ("modulate-torch", 256, 2): S(rows_per_program=8, num_warps=2, arrangement=ARKB, trim=True, flat_mod=True),  # 102.7% (50%)
+            ("modulate-torch", 512, 2): S(rows_per_program=4, num_warps=4, arrangement=ARKB, flat_mod=True),  # 104.4% (92%)
+            ("modulate-torch", 768, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB, flat_mod=True),  # 103.7% (58%)
+            ("modulate-torch", 1000, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB, flat_mod=True),  # 93.0% (69%)
+            ("modulate-torch", 1024, 2): S(rows_per_program=2, num_warps=4, arrangement=ARKB, flat_mod=True),  # 104.0% (99%)
+            ("modulate-torch", 2048, 2): S(rows_per_program=1, num_warps=4, arrangement=ARKB, flat_mod=True),  # 104.1% (101%)
+            ("modulate-diffusers", 64, 2): S(rows_per_program=64, num_warps=8, arrangement=ARKB, flat_mod=True),  # 67.1% (47%)
+            ("modulate-diffusers", 128, 2): S(rows_per_program=16, num_warps=4, arrangement=MERGED, flat_mod=True),  # 103.5% (79%)
+            ("modulate-diffusers", 256, 2): S(rows_per_program=8, num_warps=4, arrangement=MERGED, flat_mod=True),  # 102.7% (97%)
+            ("modulate-diffusers", 512, 2): S(rows_per_program=4, num_warps=4, arrangement=ARKB, flat_mod=True),  # 103.9% (101%)
+            ("modulate-diffusers", 768, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB, flat_mod=True),  # 102.7% (99%)
+            ("modulate-diffusers", 1000, 2): S(flat_mod=True),  # 90.9% (88%)
+            ("modulate-diffusers", 1024, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB, flat_mod=True),  # 103.0% (101%)
+            ("modulate-diffusers", 2048, 2): S(rows_per_program=4, num_warps=4, arrangement=ARKB, flat_mod=True),  # 100.9% (80%)
+            # The DiffVAE's q/k prelude (head_dim 64): the narrow torch-flavour norm's schedule.
+            ("qk_norm_rope_3d-torch", (8, 128), 2): S(rows_per_program=32, num_warps=2, trim=True),
+        }
+    ),
 )
 
 rmsnorm = rms.rmsnorm_with(NUMERICS, rmsnorm_reference, LAUNCH)
@@ -68,3 +112,10 @@ qk_norm_rope = triton_qk_norm_rope.qk_norm_rope_with(NUMERICS, qk_norm_rope_refe
 
 def supports_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout) -> str | None:
     return triton_qk_norm_rope.supports(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics=NUMERICS)
+
+
+qk_norm_rope_3d = triton_qk_norm_rope_3d.qk_norm_rope_3d_with(NUMERICS, qk_norm_rope_3d_reference, LAUNCH)
+
+
+def supports_qk_norm_rope_3d(q, k, q_weight, k_weight, eps, q_scale, base, flavour) -> str | None:
+    return triton_qk_norm_rope_3d.supports(q, k, q_weight, k_weight, eps, q_scale, base, flavour, numerics=NUMERICS)

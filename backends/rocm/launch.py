@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 
 from xbackend.kernels import rmsnorm as rms
-from xbackend.kernels import triton_gated_residual, triton_qk_norm_rope
+from xbackend.kernels import triton_gated_residual, triton_qk_norm_rope, triton_qk_norm_rope_3d
 from xbackend.ops.qk_norm_rope import reference as qk_norm_rope_reference
+from xbackend.ops.qk_norm_rope_3d import reference as qk_norm_rope_3d_reference
 from xbackend.ops.rmsnorm import reference as rmsnorm_reference
 from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
 
 NUMERICS = rms.ROCM_NUMERICS
-LAUNCH = rms.LaunchTraits(pdl_min_major=None, torch_rmsnorm=())
+LAUNCH = rms.LaunchTraits(pdl_min_major=None, schedules=())
 
 rmsnorm = rms.rmsnorm_with(NUMERICS, rmsnorm_reference, LAUNCH)
 
@@ -48,3 +49,10 @@ qk_norm_rope = triton_qk_norm_rope.qk_norm_rope_with(NUMERICS, qk_norm_rope_refe
 
 def supports_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout) -> str | None:
     return triton_qk_norm_rope.supports(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics=NUMERICS)
+
+
+qk_norm_rope_3d = triton_qk_norm_rope_3d.qk_norm_rope_3d_with(NUMERICS, qk_norm_rope_3d_reference)
+
+
+def supports_qk_norm_rope_3d(q, k, q_weight, k_weight, eps, q_scale, base, flavour) -> str | None:
+    return triton_qk_norm_rope_3d.supports(q, k, q_weight, k_weight, eps, q_scale, base, flavour, numerics=NUMERICS)

@@ -253,28 +253,92 @@ def triton_interpreter_errors() -> list[tuple[str, float, float]]:
     return rows
 
 
-def test_triton_interpreter():
+# Head dims besides 16 (the cases above): 32 is a power of two; 80 and 96 run padded to 128.
+_INTERP_HEAD_DIM_CASES = {
+    32: [
+        ((9, 11), (3, 5), (2, 1), (True, False), ((1, 4, 4), (1, 2, 8))),
+        ((6, 5, 9), (5, 3, 3), (1, 1, 3), (False, True, False), None),
+    ],
+    80: [
+        ((40,), (7,), (1,), (False,), ((1, 1, 16), (1, 1, 16))),
+        ((9, 11), (3, 5), (2, 2), (False, False), ((1, 4, 4), (1, 2, 8))),  # dilated
+        ((9, 11), (4, 5), (1, 1), (True, True), ((1, 4, 4), (1, 4, 4))),  # causal
+    ],
+    96: [
+        ((37,), (5,), (3,), (True,), ((1, 1, 16), (1, 1, 16))),
+        ((4, 5, 6), (3, 3, 3), (1, 1, 2), (False, True, False), None),
+    ],
+}
+
+# Elements per (token, head) row of a gapped tensor: past 128, the padded head dim of 80 and 96.
+_GAP_ROW = 144
+
+
+def gapped(t: torch.Tensor, fill: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(view, buffer): t's values in a view whose (token, head) rows are _GAP_ROW elements apart, the
+    elements between them set to ``fill``. The kernel's pad columns of 80 and 96 fall in the gap."""
+    buf = torch.full((*t.shape[:-1], _GAP_ROW), fill, dtype=t.dtype, device=t.device)
+    buf[..., : t.shape[-1]] = t
+    return buf[..., : t.shape[-1]], buf
+
+
+def triton_interpreter_head_dim_errors(head_dim: int) -> list[tuple[str, str, float, bool]]:
+    """(case, dtype, rel error, gap untouched) of na_triton at ``head_dim`` vs the reference; needs
+    TRITON_INTERPRET=1 at import. q/k/v are gapped with NaN (a read of a pad column poisons the
+    output) and the output with a sentinel (a write of one changes it)."""
+    _patch_triton_interpreter_index()
+    from xbackend.kernels import na_triton
+
+    rows = []
+    for spatial, kernel, dil, causal, tiles in _INTERP_HEAD_DIM_CASES[head_dim]:
+        config = None if tiles is None else na_triton.NAConfig(tiles[0], tiles[1], 4, 1)
+        for dtype in (torch.float16, torch.float32):
+            dense = make_qkv(spatial, 2, head_dim, dtype, seed=8)
+            ref = reference(*(t.double() for t in dense), kernel, dil, causal)
+            q, k, v = (gapped(t, float("nan"))[0] for t in dense)
+            out, obuf = gapped(torch.full_like(dense[0], float("nan")), 7.0)
+            na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=config, out=out)
+            untouched = bool(obuf[..., head_dim:].eq(7.0).all())
+            rows.append((f"{spatial} k{kernel} d{dil} c{causal}", str(dtype), rel_err(out, ref), untouched))
+    return rows
+
+
+def _interpreted(name: str, *args: object) -> list:
+    """``name(*args)`` of this module with Triton's interpreter: here when TRITON_INTERPRET=1 (the
+    repository conftest sets it on a host without CUDA), else in a fresh process (the interpreter is
+    chosen when a kernel is decorated)."""
     import json
     import subprocess
     import sys
 
     if os.environ.get("TRITON_INTERPRET") == "1":
-        rows = triton_interpreter_errors()
-    else:
-        # The interpreter is chosen when a kernel is decorated, so it needs a fresh process.
-        code = (
-            "import importlib.util, json, sys;"
-            f"spec = importlib.util.spec_from_file_location('t', {__file__!r});"
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
-            "print(json.dumps(m.triton_interpreter_errors()))"
-        )
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        rows = json.loads(res.stdout.strip().splitlines()[-1])
+        return globals()[name](*args)
+    code = (
+        "import importlib.util, json, sys;"
+        f"spec = importlib.util.spec_from_file_location('t', {__file__!r});"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+        f"print(json.dumps(m.{name}(*{args!r})))"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_triton_interpreter():
+    rows = _interpreted("triton_interpreter_errors")
     assert len(rows) == 2 * len(_INTERP_CASES)
     for case, dtype, err in rows:
         assert err < (1e-5 if dtype == "torch.float32" else 2e-3), (case, dtype, err)
+
+
+@pytest.mark.parametrize("head_dim", sorted(_INTERP_HEAD_DIM_CASES))
+def test_triton_interpreter_head_dims(head_dim: int):
+    rows = _interpreted("triton_interpreter_head_dim_errors", head_dim)
+    assert len(rows) == 2 * len(_INTERP_HEAD_DIM_CASES[head_dim])
+    for case, dtype, err, untouched in rows:
+        assert err < (1e-5 if dtype == "torch.float32" else 2e-3), (head_dim, case, dtype, err)
+        assert untouched, (head_dim, case, dtype, "a store wrote past head_dim")
 
 
 def test_triton_config_choice():
@@ -286,6 +350,10 @@ def test_triton_config_choice():
     # A problem smaller than one tile still gets a config (padded), never an error.
     tiny = choose_config((1, 2, 3), (1, 1, 3), (1, 1, 1), 64)
     assert math.prod(tiny.q_tile) == 64 and math.prod(tiny.kv_tile) == 64
+    # 80 and 96 run padded to 128 (128's shared memory and tensor-core work): they get 128's config.
+    for args in [((30, 48, 80), (18, 24, 24), (1, 1, 1)), ((21, 30, 22), (5, 7, 3), (2, 3, 1))]:
+        for head_dim in (80, 96):
+            assert choose_config(*args, head_dim) == choose_config(*args, 128)
 
 
 def test_triton_supports_reasons():
@@ -293,6 +361,13 @@ def test_triton_supports_reasons():
 
     q = torch.zeros(1, 4, 4, 2, 64, dtype=torch.bfloat16)
     assert "CUDA" in na_triton.supports(q, q, q, (3, 3), (1, 1), (False, False), None)
+    args = ((3, 3), (1, 1), (False, False), None)
+    for head_dim in (32, 64, 80, 96, 128):
+        m = torch.empty(1, 4, 4, 2, head_dim, dtype=torch.bfloat16, device="meta")
+        assert na_triton.supports(m, m, m, *args) is None, head_dim
+    for head_dim in (16, 48, 112, 256):
+        m = torch.empty(1, 4, 4, 2, head_dim, dtype=torch.float16, device="meta")
+        assert na_triton.supports(m, m, m, *args) == f"head_dim {head_dim} not in (32, 64, 80, 96, 128)"
 
 
 # ---------------------------------------------------------------- GPU
@@ -307,10 +382,7 @@ def _gpu_cases():
     ]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_triton_gpu(head_dim: int, dtype: torch.dtype):
+def _check_triton_gpu(head_dim: int, dtype: torch.dtype) -> None:
     from xbackend.kernels import na_triton
 
     for spatial, kernel, dil, causal in _gpu_cases():
@@ -319,6 +391,39 @@ def test_triton_gpu(head_dim: int, dtype: torch.dtype):
         ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal)
         out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None)
         assert rel_err(out, ref) < 5e-3, (spatial, kernel, dil, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_gpu(head_dim: int, dtype: torch.dtype):
+    _check_triton_gpu(head_dim, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [32, 80, 96])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_gpu_head_dims(head_dim: int, dtype: torch.dtype):
+    _check_triton_gpu(head_dim, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [32, 80, 96])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_gpu_head_dims_gapped(head_dim: int, dtype: torch.dtype):
+    """Rows strided past head_dim with NaN between them in q/k/v and a sentinel in out: the pad columns
+    of 80 and 96 (up to 128) are neither read nor written."""
+    from xbackend.kernels import na_triton
+
+    for spatial, kernel, dil, causal in _gpu_cases():
+        dense = make_qkv(spatial, 3, head_dim, dtype, seed=9, device="cuda", batch=2)
+        ref = reference(*(t.float() for t in dense), kernel, dil, causal)
+        q, k, v = (gapped(t, float("nan"))[0] for t in dense)
+        out, obuf = gapped(torch.full_like(dense[0], float("nan")), 7.0)
+        assert na_triton.supports(q, k, v, kernel, dil, causal, None) is None
+        na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, out=out)
+        assert rel_err(out, ref) < 5e-3, (spatial, kernel, dil, causal)
+        assert obuf[..., head_dim:].eq(7.0).all(), (spatial, kernel, dil, causal, "a store wrote past head_dim")
 
 
 @pytest.mark.gpu

@@ -32,6 +32,7 @@ from xbackend.kernels import rmsnorm as K
 from xbackend.kernels.rmsnorm import exact as E
 from xbackend.kernels.rmsnorm import fast as F_
 from xbackend.kernels.rmsnorm import launch as L
+from xbackend.kernels.rmsnorm.launch import op_kind, schedule_table, tuned_schedule
 
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -321,6 +322,204 @@ def test_d4096_torch_flavour_takes_the_tuned_launch():
         assert lp.grid == (3,)  # one row per program
 
 
+# --------------------------------------------------------------------------------------------------
+# Vendor schedule tables (LaunchTraits.schedules) and non-default schedules on narrow rows
+# --------------------------------------------------------------------------------------------------
+
+
+def _meta_plan(traits, shape, flavour, modulate, dtype=torch.bfloat16, schedule=DEFAULT_SCHEDULE):
+    """The launch plan of bf16 meta tensors (planning needs no device), mod [1, .., 1, D] if modulate."""
+    x = torch.empty(shape, dtype=dtype, device="meta")
+    w = torch.empty(shape[-1], dtype=dtype, device="meta")
+    s = torch.empty((1,) * (len(shape) - 1) + (shape[-1],), dtype=dtype, device="meta") if modulate else None
+    return L.plan(L.Variant(True, NUM, traits, schedule), x, w, s, s, EPS, flavour, False)
+
+
+def test_schedule_table_lookup_narrowest_range_first():
+    a, b, c = K.Schedule(rows_per_program=16), K.Schedule(num_warps=2), K.Schedule(rows_per_program=4, trim=True)
+    table = K.schedule_table(
+        {
+            ("modulate-torch", (1, 1024), 2): a,
+            ("modulate-torch", (129, 256), 2): b,
+            ("modulate-torch", 256, 2): c,
+            ("rmsnorm-diffusers", (64, 64), 4): a,
+        }
+    )
+    assert all(isinstance(e, K.ScheduleEntry) for e in table) and set(K.OPS) >= {e.op for e in table}
+    find = L.tuned_schedule
+    assert find(table, "modulate-torch", 256, 2) is c  # exact D before the ranges that contain it
+    assert find(table, "modulate-torch", 129, 2) is b and find(table, "modulate-torch", 255, 2) is b
+    assert find(table, "modulate-torch", 128, 2) is a and find(table, "modulate-torch", 1024, 2) is a
+    assert find(table, "modulate-torch", 1025, 2) is None  # bounds are inclusive, nothing past them
+    assert find(table, "modulate-torch", 256, 4) is None  # keyed by the element size
+    assert find(table, "modulate-diffusers", 256, 2) is None and find(table, "rmsnorm-torch", 256, 2) is None
+    assert find(table, "rmsnorm-diffusers", 64, 4) is a
+    assert L.op_kind("torch", True) == "modulate-torch" and L.op_kind("diffusers", False) == "rmsnorm-diffusers"
+    for bad in [
+        {("layernorm-torch", 64, 2): a},  # unknown op kind
+        {("rmsnorm-torch", (256, 128), 2): a},  # empty range
+        {("rmsnorm-torch", 0, 2): a},
+        {("rmsnorm-torch", 64, 3): a},  # not an element size
+        {("rmsnorm-torch", 64, 2): K.Schedule(rows_per_program=3)},  # tl.arange needs a power of two
+        {("rmsnorm-torch", 64, 2): {"rows_per_program": 2}},  # a Schedule, not its fields
+    ]:
+        with pytest.raises(ValueError):
+            K.schedule_table(bad)
+    hash(K.LaunchTraits(schedules=table))  # traits are part of a cached Variant's key
+
+
+def test_vendor_tables_hold_the_measured_d4096_entry_only_where_measured():
+    tuned = K.Schedule(rows_per_program=2, num_warps=8)
+    assert L.tuned_schedule(nvidia.LAUNCH.schedules, "rmsnorm-torch", 4096, 2) == tuned
+    for op, d, size in [("rmsnorm-diffusers", 4096, 2), ("modulate-torch", 4096, 2), ("rmsnorm-torch", 4096, 4)]:
+        assert L.tuned_schedule(nvidia.LAUNCH.schedules, op, d, size) is None
+    assert amd.LAUNCH.schedules == () and K.LaunchTraits().schedules == ()
+
+
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+@pytest.mark.parametrize("modulate", [False, True])
+def test_no_table_entry_keeps_the_default_plan(flavour, modulate):
+    """Where the vendor's table has no entry the plan is the one without a table, where it has one the
+    plan is that entry's: same grid, warps, constexprs (planned on meta tensors for the narrow rows and the DiffVAE's 5-D layouts)."""
+    shapes = [(4096, d) for d in (64, 128, 256, 512, 768, 1000, 1024, 2048, 4096)]
+    shapes += [(1, 40, 96, 96, 4, 64), (1, 40, 96, 96, 256), (1, 20, 48, 48, 512), (1, 16, 48, 80, 512)]
+    table = nvidia.LAUNCH.schedules
+    tuned = 0
+    for shape in shapes:
+        entry = tuned_schedule(table, op_kind(flavour, modulate), shape[-1], 2)
+        got = _meta_plan(nvidia.LAUNCH, shape, flavour, modulate)
+        want = _meta_plan(K.LaunchTraits(schedules=schedule_table({(op_kind(flavour, modulate), shape[-1], 2): entry})
+                                         if entry else ()), shape, flavour, modulate)  # fmt: skip
+        assert (got.grid, got.options, got.consts) == (want.grid, want.options, want.consts), shape
+        if entry is None:
+            plain = _meta_plan(K.LaunchTraits(), shape, flavour, modulate)
+            assert (got.grid, got.options, got.consts) == (plain.grid, plain.options, plain.consts), shape
+        tuned += entry is not None
+    assert tuned  # the H200 table covers narrow rows of every op kind
+
+
+def test_table_entries_reach_every_op_kind_and_explicit_schedules_win():
+    table = K.schedule_table(
+        {
+            ("rmsnorm-torch", (1, 512), 2): K.Schedule(rows_per_program=32, num_warps=2, trim=True),
+            ("rmsnorm-diffusers", 256, 2): K.Schedule(rows_per_program=64, num_warps=8),
+            ("modulate-torch", 256, 2): K.Schedule(rows_per_program=16, num_warps=1, arrangement=K.ARR_MERGED),
+            ("modulate-diffusers", (200, 300), 2): K.Schedule(rows_per_program=4),
+        }
+    )
+    traits = K.LaunchTraits(schedules=table)
+    shape = (1, 40, 96, 96, 256)
+    m = 40 * 96 * 96
+    lp = _meta_plan(traits, (1, 40, 96, 96, 4, 64), "torch", False)  # per-head rows of 64, trimmed
+    assert lp.grid == (4 * m // 32,) and lp.options["num_warps"] == 2 and (lp.consts.A, lp.consts.R) == (16, 32)
+    lp = _meta_plan(traits, shape, "torch", False)
+    assert lp.grid == (m // 32,) and (lp.consts.A, lp.consts.K, lp.consts.BW) == (64, 1, 64)
+    lp = _meta_plan(traits, shape, "diffusers", False)
+    assert lp.grid == (m // 64,) and lp.options["num_warps"] == 8
+    lp = _meta_plan(traits, shape, "torch", True)
+    assert lp.grid == (m // 16,) and lp.options["num_warps"] == 1 and lp.consts.ARR == K.ARR_MERGED
+    assert lp.consts.A == 128  # trim is the entry's choice, not implied
+    lp = _meta_plan(traits, shape, "diffusers", True)
+    assert lp.grid == (m // 4,) and lp.options["num_warps"] == 4  # the entry's unset fields: the default
+    lp = _meta_plan(traits, shape, "torch", False, dtype=torch.float32)  # keyed by the element size
+    assert lp.consts == _meta_plan(K.LaunchTraits(), shape, "torch", False, dtype=torch.float32).consts
+    # A caller's rows_per_program or num_warps drops the entry; its arrangement or trim overrides the entry's.
+    lp = _meta_plan(traits, shape, "torch", False, schedule=K.Schedule(num_warps=8))
+    assert lp.grid == (m // 8,) and lp.consts.A == 128
+    lp = _meta_plan(traits, shape, "torch", False, schedule=K.Schedule(trim=False, arrangement=K.ARR_MERGED))
+    assert lp.grid == (m // 32,) and lp.consts.A == 128 and lp.consts.ARR == K.ARR_MERGED
+
+
+def test_trim_applies_to_one_step_torch_rows_only():
+    trim = K.Schedule(trim=True)
+    for d, a in [(4, 1), (12, 4), (64, 16), (128, 32), (200, 64), (256, 64), (512, 128), (516, 128), (4096, 128)]:
+        tile, _, rows, warps = L.exact_schedule(64, d, "torch", NUM, trim)
+        assert (tile.a, tile.bw) == (a, a) and tile.b == 4
+        assert tile == L.exact_schedule(64, d, "torch", NUM, DEFAULT_SCHEDULE).tile or tile.k == 1
+        assert rows == L.default_rows(tile.k * tile.a * tile.b) and warps == max(1, min(8, a // 32))
+    # the diffusers flavour's tile is aten's block, already as narrow as its rows
+    untrimmed = L.exact_schedule(64, 64, "diffusers", NUM, DEFAULT_SCHEDULE)
+    assert L.exact_schedule(64, 64, "diffusers", NUM, trim) == untrimmed
+
+
+NARROW_SCHEDULES = [
+    K.Schedule(trim=True),
+    K.Schedule(rows_per_program=16, num_warps=1, trim=True),
+    K.Schedule(rows_per_program=4, num_warps=8, trim=True, arrangement=K.ARR_MERGED),
+    K.Schedule(rows_per_program=32, num_warps=2),
+    K.Schedule(rows_per_program=1, num_warps=1, arrangement=K.ARR_MERGED),
+]
+
+
+@pytest.mark.parametrize("d", [64, 128, 256, 1000])
+@pytest.mark.parametrize("schedule", NARROW_SCHEDULES, ids=lambda s: f"R{s[0]}w{s[1]}a{s[2]}t{s[3]}")
+def test_narrow_rows_under_other_schedules_keep_the_order(d, schedule):
+    """Statistics bit for bit equal to the aten transliterations, outputs (plain and modulated on the
+    DiffVAE's [1, T, H, W, C] layout with [1, 1, 1, 1, C] modulation) equal to the default launch's."""
+    x = _rand((1, 3, 1, 7, d), torch.bfloat16, seed=d + 3)  # 21 rows: the last program is partly masked
+    w = _rand(d, torch.bfloat16, seed=d + 4, scale=0.5, offset=1.0)
+    s = _rand((1, 1, 1, 1, d), torch.bfloat16, seed=d + 5, scale=0.3)
+    t = _rand((1, 1, 1, 1, d), torch.bfloat16, seed=d + 6)
+    rows = x.reshape(-1, d).cpu().float().numpy()
+    for flavour in K.FLAVOURS:
+        got, stat = K.rmsnorm_stats(x, w, EPS, flavour, numerics=NUM, schedule=schedule)
+        want, want_stat = K.rmsnorm_stats(x, w, EPS, flavour, numerics=NUM)
+        assert torch.equal(got, want) and torch.equal(stat, want_stat)
+        if flavour == "diffusers":
+            np.testing.assert_array_equal(stat.cpu().numpy(), _emulate_mean(rows, NUM))
+        elif not HAS_CUDA:  # rstd: the interpreter's rsqrt, as the transliteration takes it
+            np.testing.assert_array_equal(stat.numpy(), _emulate_fused_rms_rstd(rows, EPS, NUM.torch_threads, NUM.warp))
+        got = K.rmsnorm_modulate(x, s, t, w, EPS, flavour, numerics=NUM, schedule=schedule)
+        assert torch.equal(got, K.rmsnorm_modulate(x, s, t, w, EPS, flavour, numerics=NUM))
+
+
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+@pytest.mark.parametrize(
+    "x_shape,s_shape,flat",
+    [
+        ((1, 3, 1, 7, 256), (1, 1, 1, 1, 256), True),  # the DiffVAE's modulation
+        ((21, 64), (64,), True),
+        ((3, 7, 64), (1, 1, 64), True),
+        ((3, 7, 64), (3, 1, 64), False),  # one row per batch: per-row loads stay
+        ((3, 7, 64), (3, 7, 64), False),
+    ],
+)
+def test_flat_modulation_loads_the_same_values(flavour, x_shape, s_shape, flat):
+    """flat_mod loads a row-invariant scale/shift once per program: outputs equal the per-row loads'."""
+    d = x_shape[-1]
+    x = _rand(x_shape, torch.bfloat16, seed=71)
+    w = _rand(d, torch.bfloat16, seed=72, scale=0.5, offset=1.0)
+    s = _rand(s_shape, torch.bfloat16, seed=73, scale=0.3)
+    t = _rand(s_shape, torch.bfloat16, seed=74)
+    want = K.rmsnorm_modulate(x, s, t, w, EPS, flavour, numerics=NUM)
+    for schedule in (K.Schedule(flat_mod=True), K.Schedule(rows_per_program=8, num_warps=1, flat_mod=True, trim=True),
+                     K.Schedule(rows_per_program=2, num_warps=2, flat_mod=True, arrangement=K.ARR_MERGED)):  # fmt: skip
+        run = _single_plan(NUM, K.LaunchTraits(), schedule)
+        assert torch.equal(run(x, w, s, t, EPS, flavour), want)
+        (lp,) = run.plans.values()
+        assert lp.consts.MOD_FLAT is flat
+    assert _meta_plan(K.LaunchTraits(), x_shape, flavour, True).consts.MOD_FLAT is False  # never by default
+    strided = _rand(2 * d, torch.bfloat16, seed=75)[::2]  # a [D] view with column stride 2, read in place
+    run = _single_plan(NUM, K.LaunchTraits(), K.Schedule(flat_mod=True))
+    got = run(x, w, strided, t.reshape(-1, d)[0], EPS, flavour)
+    (lp,) = run.plans.values()
+    assert lp.consts.MOD_FLAT and lp.sc_l[3] == 2
+    want = K.rmsnorm_modulate(x, strided.contiguous(), t.reshape(-1, d)[0], w, EPS, flavour, numerics=NUM)
+    assert torch.equal(got, want)
+
+
+def test_trimmed_tile_under_a_table_matches_the_default_on_per_head_rows():
+    """Per-head norms of [B, T, H, W, heads, 64] through a vendor table that trims: same bits as untrimmed."""
+    traits = K.LaunchTraits(schedules=K.schedule_table({("rmsnorm-torch", 64, 2): K.Schedule(8, 1, trim=True)}))
+    x = _rand((1, 2, 3, 3, 4, 64), torch.bfloat16, seed=61)
+    w = _rand(64, torch.bfloat16, seed=62, scale=0.5, offset=1.0)
+    run = _single_plan(NUM, traits)
+    got = run(x, w, None, None, EPS, "torch")
+    (lp,) = run.plans.values()
+    assert lp.consts.A == 16 and lp.grid == (9,)
+    assert torch.equal(got, K.rmsnorm(x, w, EPS, "torch", numerics=NUM))
+
+
 def test_constexpr_records_name_the_kernels_constexprs_in_order():
     """The launch passes every kernel argument by position (the compiled launcher takes no names): the
     constexpr records' fields are the kernels' trailing constexpr parameters, in signature order."""
@@ -572,3 +771,28 @@ def test_gpu_rmsnorm_modulate_exact(x_shape, s_shape, flavour):
     shift = _rand(s_shape, dt, seed=54)
     out = K.rmsnorm_modulate(x, scale, shift, w, EPS, flavour, numerics=NUM, traits=TRAITS)
     assert torch.equal(out, _ref_mod(x, scale, shift, w, EPS, flavour))
+
+
+GPU_NARROW_SCHEDULES = [
+    K.Schedule(rows_per_program=32, num_warps=2, trim=True, flat_mod=True),
+    K.Schedule(rows_per_program=16, num_warps=4, arrangement=K.ARR_MERGED, trim=True, flat_mod=True),
+    K.Schedule(rows_per_program=4, num_warps=1, flat_mod=True),
+]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("x_shape", [(1, 16, 48, 48, 4, 64), (1, 40, 48, 48, 256), (1, 16, 48, 80, 512)])
+@pytest.mark.parametrize("flavour", K.FLAVOURS)
+def test_gpu_narrow_schedules_exact(x_shape, flavour):
+    """The narrow-row knobs (trim, flat_mod, rows, warps, arrangement) on the DiffVAE's layouts: eager's bits."""
+    d = x_shape[-1]
+    x = _rand(x_shape, torch.bfloat16, seed=81)
+    w = _rand(d, torch.bfloat16, seed=82, scale=0.5, offset=1.0)
+    s = _rand((1, 1, 1, 1, d), torch.bfloat16, seed=83, scale=0.3)
+    t = _rand((1, 1, 1, 1, d), torch.bfloat16, seed=84)
+    want, want_mod = _ref(x, w, EPS, flavour), _ref_mod(x, s, t, w, EPS, flavour)
+    for schedule in GPU_NARROW_SCHEDULES:
+        assert torch.equal(K.rmsnorm(x, w, EPS, flavour, numerics=NUM, schedule=schedule, traits=TRAITS), want)
+        got = K.rmsnorm_modulate(x, s, t, w, EPS, flavour, numerics=NUM, schedule=schedule, traits=TRAITS)
+        assert torch.equal(got, want_mod), schedule

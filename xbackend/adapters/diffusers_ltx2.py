@@ -42,9 +42,13 @@ class DiffVAENeighborhoodProcessor:
     def __init__(self, attention: NeighborhoodAttention):
         self.attention = attention
 
+    def project_qkv(self, attn: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v as ``[B, T, H, W, heads, head_dim]``; here ``attn.project_qkv``."""
+        return attn.project_qkv(hidden_states)
+
     def __call__(self, attn: Any, hidden_states: torch.Tensor, block_mask: Any = None) -> torch.Tensor:
         batch, frames, height, width, channels = hidden_states.shape
-        query, key, value = attn.project_qkv(hidden_states)
+        query, key, value = self.project_qkv(attn, hidden_states)
         # The query already carries head_dim**-0.5 (diffusers scales it before the rotary embedding).
         out = self.attention(query, key, value, tuple(attn.kernel_size), scale=1.0)
         return attn.to_out[0](out.reshape(batch, frames, height, width, channels))

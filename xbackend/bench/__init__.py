@@ -168,7 +168,7 @@ def bench_dispatch(calls: int = 200_000) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    ops = args.ops or ["rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "qk_norm_rope"]
+    ops = args.ops or ["rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "qk_norm_rope", "qk_norm_rope_3d"]
     out: list[str] = []
     if "dispatch" in ops:
         out.append(bench_dispatch(20_000 if args.quick else 200_000))

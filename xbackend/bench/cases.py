@@ -100,6 +100,25 @@ def _qk_split(rows: int, heads: int, head_dim: int, bar: bool = False) -> Case:
                 bytes_moved=rows * d * (4 * _E + 4) + 2 * d * _E, bar=bar)
 
 
+def _qk3d(name: str, grid: tuple[int, int, int], heads: int, head_dim: int, bar: bool = False) -> Case:
+    shape = (1, *grid, heads, head_dim)
+
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        q, k = _rand(shape, dev, g), _rand(shape, dev, g)
+        wq, wk = _rand((head_dim,), dev, g, 0.3) + 1, _rand((head_dim,), dev, g, 0.3) + 1
+        return (q, k, wq, wk, 1e-6, head_dim**-0.5, 10000.0, "torch")
+
+    # q and k read and written once in bf16; the cos/sin tables are a few KB
+    return Case("qk_norm_rope_3d", f"{name} {'x'.join(map(str, grid))} h{heads} d{head_dim}", make,
+                bytes_moved=4 * math.prod(shape) * _E + 2 * head_dim * _E, bar=bar)
+
+
+def _silu_mul(name: str, shape: tuple[int, ...], bar: bool = False) -> Case:
+    # gate and up read once, the product written once, all bf16
+    return Case("silu_mul", f"{name} {list(shape)}", lambda dev, g: (_rand(shape, dev, g, 4.0), _rand(shape, dev, g)),
+                bytes_moved=3 * math.prod(shape) * _E, bar=bar)
+
+
 def _na(name: str, spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...]) -> Case:
     tokens = math.prod(spatial)
     return Case("neighborhood_attention", f"{name} {'x'.join(map(str, spatial))} h{heads} d{dim} w{'x'.join(map(str, window))}",
@@ -110,12 +129,17 @@ def _na(name: str, spatial: tuple[int, ...], heads: int, dim: int, window: tuple
 
 
 CASES: dict[str, list[Case]] = {
-    "rmsnorm": [_rmsnorm(32640, 4096, "torch", True), _rmsnorm(32640, 4096, "diffusers", True), _rmsnorm(8160, 3072, "diffusers")],
+    "rmsnorm": [_rmsnorm(32640, 4096, "torch", True), _rmsnorm(32640, 4096, "diffusers", True), _rmsnorm(8160, 3072, "diffusers"),
+                _rmsnorm(368640, 256, "torch", True), _rmsnorm(184320, 512, "torch", True), _rmsnorm(92160, 1024, "torch", True),
+                _rmsnorm(1474560, 64, "torch")],
     "rmsnorm_modulate": [
         _modulate((1, 32640, 4096), (1, 1, 4096), "diffusers", False, True),
         _modulate((1, 32640, 4096), (1, 1, 4096), "torch", False, True),
         _modulate((1, 32640, 4096), (1, 1, 4096), "torch", True),
         _modulate((1, 16, 48, 80, 512), (1, 1, 1, 1, 512), "torch", True),
+        # The DiffVAE's narrow rows: stage 5 (D = 256) and stage 4 (D = 512) tiles.
+        _modulate((1, 40, 96, 96, 256), (1, 1, 1, 1, 256), "torch", True, True),
+        _modulate((1, 20, 48, 48, 512), (1, 1, 1, 1, 512), "torch", True, True),
     ],
     # LTX-2.3, Ideogram 4 and FLUX.2 DiT shapes, plus a per-token gate.
     "gated_residual": [
@@ -134,6 +158,11 @@ CASES: dict[str, list[Case]] = {
     # LTX-2 video self-attention: norm_q, norm_k and both RoPEs (compile's fused kernel is the one to beat);
     # LTX-2.3's split layout.
     "qk_norm_rope": [_qk(32640, 4096, True), _qk_split(32640, 32, 128, True), _qk(8160, 4096), _qk(126, 2048)],
+    # The DiffVAE's attention prelude on one stage-5 and one stage-4 tile.
+    "qk_norm_rope_3d": [_qk3d("diffvae-s5", (40, 96, 96), 4, 64, True), _qk3d("diffvae-s4", (20, 48, 48), 8, 64, True)],
+    # SwiGLU glue: DiffVAE SwiGLUs (16384 tokens) at three hidden widths, and an LLM MLP's.
+    "silu_mul": [_silu_mul("diffvae", (1, 16384, 1024), True), _silu_mul("diffvae", (1, 16384, 2048), True),
+                 _silu_mul("diffvae", (1, 16384, 4096), True), _silu_mul("llm-mlp", (8192, 14336))],
     "neighborhood_attention": [
         _na("video-dit", (30, 48, 80), 24, 128, (18, 24, 24)),
         _na("diffvae-s5", (40, 96, 96), 4, 64, (11, 11, 11)),

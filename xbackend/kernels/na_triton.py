@@ -12,14 +12,19 @@ fp32; bf16/fp16 operands on the tensor cores.
   grid), so the only waste beyond the box is rounding its extent up to the block shape.
 * The per-element window test is one unsigned compare per axis (and once per row on axes where
   the KV block is 1 wide). Out-of-box (overhang) keys are clamped for the load and rejected by the
-  test, so no load is predicated. Skipping the test on blocks inside every query's window
-  (``skip_inner_mask``) measured slower on H200 than testing every block, so it is off.
+  test, so no load is predicated on the window. Skipping the test on blocks inside every query's
+  window (``skip_inner_mask``) measured slower on H200 than testing every block, so it is off.
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
   program works on one group: stride times ``d``, base offset ``g``, group length
   ``ceil((L - g) / d)``.
+* Head dims that are not a power of two (80, 96) run padded to the next one (``HEAD_PAD`` = 128):
+  q/k/v loads are masked along the head dim with zero fill and the store masks the pad columns off,
+  while strides and pointer math use the real ``HEAD_DIM``. Shared memory and tensor-core work are
+  those of head_dim 128, and so is the launch config. For 32, 64 and 128 (``HEAD_PAD == HEAD_DIM``)
+  the masks are not generated.
 
-Limits (``supports``): CUDA, bf16/fp16, head_dim 64 or 128, last dim contiguous, tensors under
-2**31 elements (offsets within a batch are 32-bit).
+Limits (``supports``): CUDA, bf16/fp16, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
+contiguous, tensors under 2**31 elements (offsets within a batch are 32-bit).
 
 H200 (lab/gpu/neighborhood_attention.py): 255-261 useful TFLOP/s at (30,48,80) / 24x128 / window (18,24,24), 4.7x dense
 cuDNN SDPA; 3.8 ms (132 TFLOP/s) at the DiffVAE tile (40,96,96) / 4x64 / window 11^3.
@@ -35,9 +40,13 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["NAConfig", "choose_config", "neighborhood_attention", "supports"]
+__all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "neighborhood_attention", "supports"]
 
 _LOG2E = 1.4426950408889634
+
+# Head dims supports() accepts. 80 and 96 run padded to the next power of two (128), so they cost
+# what 128 costs in shared memory and tensor-core work.
+HEAD_DIMS = (32, 64, 80, 96, 128)
 
 
 @triton.jit
@@ -89,6 +98,7 @@ def _na_fwd_kernel(
     TQ0: tl.constexpr, TQ1: tl.constexpr, TQ2: tl.constexpr,
     TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     SKIP_INNER_MASK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
@@ -149,12 +159,18 @@ def _na_fwd_kernel(
     qe1 = _win_end(m1, N1, KS1, CAUSAL1)
     qe2 = _win_end(m2, N2, KS2, CAUSAL2)
 
-    offs_d = tl.arange(0, HEAD_DIM)
+    # HEAD_PAD: HEAD_DIM rounded up to a power of two (block shapes must be). Where they differ, loads
+    # fill the pad columns with zeros (they add nothing to q.k; p.v's pad columns are not stored).
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_DIM
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
     q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
     q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
-    q = tl.load(q_base + q_row[:, None] + offs_d[None, :])
+    if HEAD_PAD != HEAD_DIM:
+        q = tl.load(q_base + q_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+    else:
+        q = tl.load(q_base + q_row[:, None] + offs_d[None, :])
 
     k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
     v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
@@ -168,7 +184,7 @@ def _na_fwd_kernel(
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     for j in range(0, n_blocks):
         c0 = lo0 + (j // (nb1 * nb2)) * TK0
         c1 = lo1 + ((j // nb2) % nb1) * TK1
@@ -182,8 +198,12 @@ def _na_fwd_kernel(
         r2 = tl.minimum(k2, hi2 - 1)
         k_row = r0 * (DIL0 * sk0) + r1 * (DIL1 * sk1) + r2 * (DIL2 * sk2)
         v_row = r0 * (DIL0 * sv0) + r1 * (DIL1 * sv1) + r2 * (DIL2 * sv2)
-        kb = tl.load(k_base + k_row[:, None] + offs_d[None, :])
-        vb = tl.load(v_base + v_row[:, None] + offs_d[None, :])
+        if HEAD_PAD != HEAD_DIM:
+            kb = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+            vb = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        else:
+            kb = tl.load(k_base + k_row[:, None] + offs_d[None, :])
+            vb = tl.load(v_base + v_row[:, None] + offs_d[None, :])
         qk = tl.dot(q, tl.trans(kb)) * qk_scale
         inner = (
             (c0 >= in_lo0) & (c0 + TK0 <= in_hi0)
@@ -211,8 +231,14 @@ def _na_fwd_kernel(
     acc = acc / l_i[:, None]
     o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
     o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
-    tl.store(o_base + o_row[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty),
-             mask=row_ok[:, None])
+    if HEAD_PAD != HEAD_DIM:
+        tl.store(
+            o_base + o_row[:, None] + offs_d[None, :],
+            acc.to(Out.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
+    else:
+        tl.store(o_base + o_row[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ---------------------------------------------------------------- configuration
@@ -258,6 +284,10 @@ def choose_config(
     Per axis a Q tile of extent t over a group of length n visits a key box of
     min(k + t - 1, n) positions, rounded up to the KV block extent; queries are padded to whole
     tiles. The model ignores the mask cost, which grows with the box rim in every shape alike.
+
+    ``head_dim`` does not change the pick: every head dim in ``HEAD_DIMS`` gets 4 warps and 3 stages
+    at 64-query tiles, and 80 and 96 get what their padded 128 gets. Compiled for sm90 (Triton 3.9),
+    none of them spills; 128, 96 and 80 take 112 KiB of shared memory.
     """
     glen = tuple(-(-L // d) for L, d in zip(spatial, dilation, strict=True))
     if block_m is None:
@@ -305,8 +335,8 @@ def supports(
         return "q, k, v must share one shape"
     if not 1 <= q.dim() - 3 <= 3:
         return "needs 1 to 3 spatial dims"
-    if q.shape[-1] not in (64, 128):
-        return f"head_dim {q.shape[-1]} not in (64, 128)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} not in {HEAD_DIMS}"
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         return "needs contiguous last dim"
     if any(t.numel() >= 2**31 for t in (q, k, v)):
@@ -373,6 +403,7 @@ def neighborhood_attention(
         *tq,
         *config.kv_tile,
         HEAD_DIM=head_dim,
+        HEAD_PAD=triton.next_power_of_2(head_dim),
         SKIP_INNER_MASK=config.skip_inner_mask,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

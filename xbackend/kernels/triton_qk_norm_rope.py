@@ -46,7 +46,7 @@ from xbackend.kernels.triton_rotary import _analyze_split, _row_view
 
 
 @triton.jit
-def _pairs(t):
+def pairs(t):
     """[A, R, K, B] -> (channels 2i, channels 2i + 1), each [A, R, K, B // 2]."""
     return tl.split(tl.reshape(t, [t.shape[0], t.shape[1], t.shape[2], t.shape[3] // 2, 2]))
 
@@ -66,14 +66,14 @@ def _unhalves(first, second):
 
 
 @triton.jit
-def _norm_rope_rows(
+def norm_rope_rows(
     x_ptr, w_ptr, out_ptr, stride_x, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
     D: tl.constexpr, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr, R: tl.constexpr, K: tl.constexpr,
     A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
     Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
-    SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr,
+    SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr, scale=1.0, SCALE: tl.constexpr = False,
 ):  # fmt: skip
-    """One tile of rows: load, norm, round, rotate, store. cos/sin come preloaded in fp32: interleaved
+    """One tile of rows: load, norm, round, (SCALE: times ``scale``, rounded), rotate, store. cos/sin come preloaded in fp32: interleaved
     ``c1, c2, s1, s2`` = (even, odd channels) of cos and of sin; split ``c1 = c2`` = cos, ``s1 = s2`` =
     sin, per half-head channel ([G, H2, R, K, B])."""
     x = tl.load(x_ptr + rr * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
@@ -85,13 +85,15 @@ def _norm_rope_rows(
         w = x  # unused
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     y = normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype).to(tl.float32)
+    if SCALE:  # eager: a tensor times a Python float, in fp32, rounded to the tensor's dtype
+        y = (y * scale).to(out_dtype).to(tl.float32)
     if SPLIT:
         # eager: out = x.float() * cos (rounded); addcmul_ is aten's std::fma(tensor1, tensor2, out)
         y1, y2 = _halves(y, G, H2)
         out = _unhalves(tl.fma(-s1, y2, y1 * c1), tl.fma(s1, y1, y2 * c1))
     else:
         # eager RoPE on the rounded norm: x.float() * cos + rotate(x).float() * sin, each op rounded to fp32
-        y_e, y_o = _pairs(y)
+        y_e, y_o = pairs(y)
         out_e = y_e * c1 + (-y_o) * s1
         out_o = y_o * c2 + y_e * s2
         out = tl.reshape(tl.join(out_e, out_o), [A, R, K, B])
@@ -129,9 +131,9 @@ def _qk_norm_rope_kernel(
         # cos/sin broadcast to q: row r is (r // f_a) * f_b + (r % f_a) * f_c, unit column stride
         ro = rr // f_a
         f_off = ro * f_b + (rr - ro * f_a) * f_c + cols
-        c1, c2 = _pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
-        s1, s2 = _pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
-    _norm_rope_rows(
+        c1, c2 = pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
+        s1, s2 = pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0).to(tl.float32))
+    norm_rope_rows(
         q_ptr,
         wq_ptr,
         qo_ptr,
@@ -164,7 +166,7 @@ def _qk_norm_rope_kernel(
         G,
         H2,
     )
-    _norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
+    norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
                     D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
                     SPLIT, G, H2)  # fmt: skip
 

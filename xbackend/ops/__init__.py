@@ -5,11 +5,21 @@ entry in ``OPS``."""
 from __future__ import annotations
 
 from .._opspec import OpSpec
-from . import gated_residual, neighborhood_attention, qk_norm_rope, rmsnorm, rmsnorm_modulate, rotary_embedding
+from . import (
+    gated_residual,
+    neighborhood_attention,
+    qk_norm_rope,
+    qk_norm_rope_3d,
+    rmsnorm,
+    rmsnorm_modulate,
+    rotary_embedding,
+    silu_mul,
+)
 
 OPS: dict[str, OpSpec] = {
     m.SPEC.name: m.SPEC
-    for m in (rmsnorm, rmsnorm_modulate, gated_residual, rotary_embedding, qk_norm_rope, neighborhood_attention)
+    for m in (rmsnorm, rmsnorm_modulate, gated_residual, rotary_embedding, qk_norm_rope, qk_norm_rope_3d, neighborhood_attention,
+              silu_mul)
 }
 
 __all__ = ["OPS"]

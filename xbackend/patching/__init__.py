@@ -10,8 +10,10 @@
 - ``LTX2Attention`` layers with interleaved RoPE get a processor that applies it with
   ``get_op("rotary_embedding")`` (otherwise diffusers' ``LTX2AudioVideoAttnProcessor``, transcribed).
 - The DiffVAE's neighborhood attention runs ``get_op("neighborhood_attention")`` in place of diffusers'
-  flex/NATTEN processor (``ltx2_attention.py``), and its ``tiled_decode`` runs ``vae_tile_decode`` (over
-  the default process group when torch.distributed is initialised; ``ltx2_diffvae.py``).
+  flex/NATTEN processor, with ``project_qkv``'s q/k norms, query scale and 3-D RoPE as one
+  ``qk_norm_rope_3d`` call (``ltx2_attention.py``); its SwiGLU's ``silu(gate) * up`` is ``silu_mul``
+  (``ltx2_mlp.py``), and its ``tiled_decode`` runs ``vae_tile_decode`` (over the default process group
+  when torch.distributed is initialised; ``ltx2_diffvae.py``).
 
 Each fused call first checks that the op is the same expression for these inputs (dtypes, devices,
 shapes); when not, the model's own expression runs. Anything not recognised is left alone, patching
@@ -30,7 +32,7 @@ from typing import Any
 
 from torch import nn
 
-from . import ltx2_attention, ltx2_blocks, ltx2_diffvae
+from . import ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp
 from ._common import (
     KINDS,
     Findings,
@@ -58,6 +60,7 @@ PATCHES: dict[str, tuple[Patch, Unpatch | None]] = {
     f"{_LTX2}.LTX2VideoTransformerBlock": (ltx2_blocks.patch_transformer_block, None),
     f"{_LTX2}.LTX2Attention": (ltx2_attention.patch_rope_processor, ltx2_attention.unpatch_rope_processor),
     f"{_DIFFVAE}.LTX2VideoVaeDiffusionNABlock": (ltx2_blocks.patch_diffusion_block, None),
+    f"{_DIFFVAE}.LTX2VideoVaeSwiGLU": (ltx2_mlp.patch_swiglu, None),
     f"{_DIFFVAE}.LTX2VideoVaeNeighborhoodAttention": (ltx2_attention.patch_na_processor, ltx2_attention.unpatch_na_processor),
     f"{_DIFFVAE}.LTX2VideoDiffusionDecoderModel": (ltx2_diffvae.patch_tiled_decode, None),
 }

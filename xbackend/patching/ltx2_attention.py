@@ -18,12 +18,16 @@ from torch import nn
 
 from .._api import get_op
 from ..adapters.diffusers_ltx2 import DiffVAENeighborhoodProcessor
+from ..ops.qk_norm_rope_3d import rope_dim_split
 from ._common import (
     DIFFUSERS_VERSION,
     Findings,
     PatchOptions,
+    can_rmsnorm,
     diffusers_mismatch,
+    foreign_override,
     hookless_now,
+    ours_or_stock,
     qk_fusion_flavour,
     qk_norm_rope,
     rope_interleaved,
@@ -31,23 +35,58 @@ from ._common import (
     same_parameters,
 )
 
-
 # -- the DiffVAE's neighborhood attention --------------------------------------------------------------
+_QK_NORM_ROPE_3D = get_op("qk_norm_rope_3d")
+
+
 class XbackendNeighborhoodProcessor(DiffVAENeighborhoodProcessor):
     """Stands in for diffusers' flex or NATTEN processor on one attention layer, running
     ``get_op("neighborhood_attention")`` with the same window (``clamp(i - k//2, 0, L - k)`` per axis,
     no dilation, not causal) and ``scale=1.0`` (the query is pre-scaled by ``head_dim**-0.5`` in
-    ``project_qkv``). Keeps the processor it replaced for `unpatch`. Not being the flex processor, it
-    also keeps the decoder from building a flex block mask."""
+    ``project_qkv``). With ``prelude`` (the q/k norms' flavour), ``project_qkv``'s norms, query scale and
+    3-D RoPE run as one ``qk_norm_rope_3d`` call whenever the layer is still diffusers' expression for
+    the call's inputs (else ``project_qkv`` runs). Keeps the processor it replaced for `unpatch`. Not
+    being the flex processor, it also keeps the decoder from building a flex block mask."""
 
-    def __init__(self, original: Any):
+    def __init__(self, original: Any, prelude: str | None = None):
         super().__init__(get_op("neighborhood_attention"))
         self.original = original
+        self.prelude = prelude
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The op object holds torch.library handles that cannot be copied; rebuild it instead, so a
         # patched model still deep-copies (and pickles) like a stock one.
-        return (type(self), (self.original,))
+        return (type(self), (self.original, self.prelude))
+
+    def project_qkv(self, attn: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.prelude is None or not _prelude_is_stock(attn):
+            return attn.project_qkv(hidden_states)
+        batch, frames, height, width, _ = hidden_states.shape
+        shape = (batch, frames, height, width, attn.heads, attn.head_dim)
+        query = attn.to_q(hidden_states).view(shape)
+        key = attn.to_k(hidden_states).view(shape)
+        value = attn.to_v(hidden_states).view(shape)
+        wq, wk = attn.norm_q.weight, attn.norm_k.weight
+        if not (can_rmsnorm(query, wq) and can_rmsnorm(key, wk) and key.dtype == query.dtype):
+            query, key = attn.norm_q(query), attn.norm_k(key)
+            query = query * attn.scale
+            return attn.rope(query), attn.rope(key), value
+        query, key = _QK_NORM_ROPE_3D(query, key, wq, wk, attn.norm_q.eps, attn.scale, attn.rope.base, self.prelude)
+        return query, key, value
+
+
+def _prelude_is_stock(attn: nn.Module) -> bool:
+    """The layer's prelude is still what diffusers' ``project_qkv`` computes: no hooks or replaced
+    methods on the norms, the RoPE or ``project_qkv``, and the RoPE's chunks diffusers' split."""
+    rope = attn.rope
+    return (
+        ours_or_stock(attn, "project_qkv")
+        and hookless_now(attn.norm_q)
+        and hookless_now(attn.norm_k)
+        and hookless_now(rope)
+        and tuple(rope.rope_dim_split) == rope_dim_split(attn.head_dim)
+        and attn.norm_q.eps == attn.norm_k.eps
+    )
 
 
 def _stock_processors() -> tuple[type, ...]:
@@ -59,13 +98,31 @@ def _stock_processors() -> tuple[type, ...]:
     return (LTX2VideoVaeNeighborhoodAttnProcessor, LTX2VideoVaeNeighborhoodNattenProcessor)
 
 
+def _prelude_flavour(attn: nn.Module) -> tuple[str | None, str]:
+    """(the q/k norms' flavour, detail) when ``project_qkv``'s prelude can run as ``qk_norm_rope_3d``."""
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import LTX2VideoVaeRotaryPosEmbed3D
+
+    if type(attn.rope) is not LTX2VideoVaeRotaryPosEmbed3D:
+        return None, f"rope is {type(attn.rope).__name__}, not diffusers' LTX2VideoVaeRotaryPosEmbed3D"
+    if foreign_override(attn, "project_qkv"):
+        return None, "project_qkv is replaced on the instance"
+    flavour, detail = qk_fusion_flavour(attn.norm_q, attn.norm_k)
+    if flavour is None:
+        return None, detail
+    return flavour, f"q/k RMSNorm ({flavour}) + query scale {attn.scale:g} + 3-D RoPE fused"
+
+
 def patch_na_processor(attn: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
     processor = attn.processor
     detail = f"kernel_size={tuple(attn.kernel_size)} heads={attn.heads} head_dim={attn.head_dim} scale=1.0 (query pre-scaled)"
     if isinstance(processor, XbackendNeighborhoodProcessor):
         found.add("neighborhood_attention", path, detail, new=False)
+        if processor.prelude is not None:
+            found.add("qk_norm_rope_3d", path, f"q/k norms ({processor.prelude}) + scale + 3-D RoPE", new=False)
         return
     if "neighborhood_attention" not in options.kinds:
+        if "qk_norm_rope_3d" in options.kinds:
+            found.skip("qk_norm_rope_3d", path, "runs in xbackend's neighborhood-attention processor: patch that kind too")
         return
     if (problem := diffusers_mismatch()) is not None:
         found.skip("neighborhood_attention", path, problem)
@@ -74,7 +131,14 @@ def patch_na_processor(attn: nn.Module, path: str, found: Findings, options: Pat
     elif getattr(processor, "_parallel_config", None) is not None:
         found.skip("neighborhood_attention", path, "context-parallel attention is configured on the processor")
     else:
-        attn.set_processor(XbackendNeighborhoodProcessor(processor))
+        prelude = None
+        if "qk_norm_rope_3d" in options.kinds:
+            prelude, why = _prelude_flavour(attn)
+            if prelude is None:
+                found.skip("qk_norm_rope_3d", path, why)
+            else:
+                found.add("qk_norm_rope_3d", path, why)
+        attn.set_processor(XbackendNeighborhoodProcessor(processor, prelude))
         found.add("neighborhood_attention", path, f"{detail}; was {type(processor).__name__}")
 
 
@@ -82,6 +146,8 @@ def unpatch_na_processor(attn: nn.Module, path: str, found: Findings) -> None:
     processor = attn.processor
     if isinstance(processor, XbackendNeighborhoodProcessor):
         attn.set_processor(processor.original)
+        if processor.prelude is not None:
+            found.add("qk_norm_rope_3d", path, "restored project_qkv's prelude")
         found.add("neighborhood_attention", path, f"restored {type(processor.original).__name__}")
 
 

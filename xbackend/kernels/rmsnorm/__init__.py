@@ -32,7 +32,16 @@ from collections.abc import Callable
 
 import torch
 
-from xbackend.kernels.rmsnorm.launch import DEFAULT_TRAITS, LaunchTraits, Schedule, Variant, launcher
+from xbackend.kernels.rmsnorm.launch import (
+    DEFAULT_TRAITS,
+    OPS,
+    LaunchTraits,
+    Schedule,
+    ScheduleEntry,
+    Variant,
+    launcher,
+    schedule_table,
+)
 from xbackend.kernels.rmsnorm.numerics import (
     ARR_ARKB,
     ARR_MERGED,
@@ -199,6 +208,7 @@ __all__ = [
     "CUDA_NUMERICS",
     "CUDA_WARP",
     "FLAVOURS",
+    "OPS",
     "ROCM_NUMERICS",
     "ROCM_WAVEFRONT",
     "RSQRT_MATH",
@@ -207,6 +217,7 @@ __all__ = [
     "NotVectorizable",
     "Numerics",
     "Schedule",
+    "ScheduleEntry",
     "Verification",
     "rmsnorm",
     "rmsnorm_fast",
@@ -217,6 +228,7 @@ __all__ = [
     "rmsnorm_modulate_with",
     "rmsnorm_stats",
     "rmsnorm_with",
+    "schedule_table",
     "supports_rmsnorm",
     "supports_rmsnorm_fast",
     "supports_rmsnorm_fast_diffusers",

@@ -89,6 +89,7 @@ def _rmsnorm_exact_kernel(
     X_FIRST: tl.constexpr,
     RSQRT: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.pdl_capable)
+    MOD_FLAT: tl.constexpr,  # scale and shift are one [D] row for every row: loaded once, like the weight
 ):
     if PDL:
         gdc_wait()  # the previous grid may have written x: wait for it before any load
@@ -133,8 +134,12 @@ def _rmsnorm_exact_kernel(
         w = x  # unused
     y = normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype)
     if MODULATE:
-        sc = tl.load(bcast_ptrs(sc_ptr, rr, toff, koff, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
-        sh = tl.load(bcast_ptrs(sh_ptr, rr, toff, koff, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
+        if MOD_FLAT:  # the same values as the per-row load below, one copy per program (broadcast over R)
+            sc = tl.load(sc_ptr + (toff + koff) * sc_sc, mask=cmask, other=0.0, eviction_policy="evict_last")
+            sh = tl.load(sh_ptr + (toff + koff) * sh_sc, mask=cmask, other=0.0, eviction_policy="evict_last")
+        else:
+            sc = tl.load(bcast_ptrs(sc_ptr, rr, toff, koff, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
+            sh = tl.load(bcast_ptrs(sh_ptr, rr, toff, koff, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
         y = modulate(y, sc, sh, out_dtype)
     tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask)
 
@@ -160,6 +165,7 @@ class ExactConstexprs(NamedTuple):
     X_FIRST: bool
     RSQRT: int
     PDL: bool
+    MOD_FLAT: bool
 
 
 def last_pow2(n: int) -> int:

@@ -8,9 +8,10 @@ first time for each pointer-alignment class, then through the compiled launcher 
 (``_triton_launch.launch_compiled``), which skips ``JITFunction.run``'s per-call work.
 
 Vendor decisions arrive as data (``backends/<vendor>/launch.py`` builds the records): the numerics,
-from which compute capability the device has programmatic dependent launch, and tuned schedules. What
-this module decides by itself is about the host: under Triton's interpreter the reciprocal square root
-is ``tl.math.rsqrt`` (inline PTX cannot run there) and there is no PDL.
+from which compute capability the device has programmatic dependent launch, and tuned schedules (a
+``schedule_table`` keyed by op kind, D range and element size, consulted where the caller sets no rows
+or warps). What this module decides by itself is about the host: under Triton's interpreter the
+reciprocal square root is ``tl.math.rsqrt`` (inline PTX cannot run there) and there is no PDL.
 """
 
 from __future__ import annotations
@@ -63,9 +64,58 @@ NO_BCAST = (1, 0, 0, 0)  # (inner, outer stride, inner stride, column stride) of
 class Schedule(NamedTuple):
     """How a launch is laid out: performance only, never the arithmetic. None: the default."""
 
-    rows_per_program: int | None = None
+    rows_per_program: int | None = None  # a power of two
     num_warps: int | None = None
     arrangement: int | None = None  # exact kernel only: numerics.ARR_ARKB or ARR_MERGED
+    # Exact "torch" flavour, rows of at most torch_threads 4-vectors (one loop step): materialise only
+    # the next_pow2(D / 4) emulated threads that hold elements. The dropped threads' partial sums are
+    # exact zeros that aten's halving trees add to lanes below them, so the statistic is bit-identical
+    # (primitives.row_stat); the tile shrinks from 4 * torch_threads to next_pow2(D) elements per row.
+    trim: bool | None = None
+    # Exact modulate whose scale and shift are one [D] row for every row ([1, .., 1, D], [D]): load them
+    # once per program, like the weight, instead of once per row (same values; fewer loads and registers).
+    flat_mod: bool | None = None
+
+
+# Op kinds a vendor's schedule table is keyed by (with D and the element size).
+OPS = ("rmsnorm-torch", "rmsnorm-diffusers", "modulate-torch", "modulate-diffusers", "qk_norm_rope_3d-torch",
+       "qk_norm_rope_3d-diffusers")  # fmt: skip
+
+
+def op_kind(flavour: str, modulate: bool) -> str:
+    return f"{'modulate' if modulate else 'rmsnorm'}-{flavour}"
+
+
+class ScheduleEntry(NamedTuple):
+    """One row of a vendor's schedule table: ``schedule`` for ``op`` at D in [d_min, d_max], ``itemsize``-byte elements."""
+
+    op: str
+    d_min: int
+    d_max: int
+    itemsize: int
+    schedule: Schedule
+
+
+def schedule_table(entries: dict) -> tuple[ScheduleEntry, ...]:
+    """``{(op, D or (d_min, d_max), itemsize): Schedule}`` as a ``LaunchTraits.schedules`` tuple (hashable),
+    validated and ordered so that the first match is the narrowest D range (ties: the first listed)."""
+    rows = []
+    for (op, d, itemsize), schedule in entries.items():
+        d_min, d_max = (d, d) if isinstance(d, int) else d
+        r = schedule.rows_per_program if isinstance(schedule, Schedule) else 0
+        pow2 = r is None or (r >= 1 and r & (r - 1) == 0)
+        if op not in OPS or not 1 <= d_min <= d_max or itemsize not in (1, 2, 4, 8) or not pow2:
+            raise ValueError(f"bad schedule table entry {(op, d, itemsize)!r}: {schedule!r} (rows: a power of two)")
+        rows.append(ScheduleEntry(op, d_min, d_max, itemsize, schedule))
+    return tuple(sorted(rows, key=lambda e: e.d_max - e.d_min))  # stable: ties keep the listed order
+
+
+def tuned_schedule(table: tuple[ScheduleEntry, ...], op: str, d: int, itemsize: int) -> Schedule | None:
+    """The table's schedule for ``op`` on D-element rows of ``itemsize``-byte elements, or None."""
+    for e in table:
+        if e.op == op and e.itemsize == itemsize and e.d_min <= d <= e.d_max:
+            return e.schedule
+    return None
 
 
 class LaunchTraits(NamedTuple):
@@ -75,9 +125,10 @@ class LaunchTraits(NamedTuple):
     # 9 on CUDA); None: never. Each program waits for the previous grid before its first load, then
     # lets the next PDL launch start, so back-to-back launches overlap launch and tail.
     pdl_min_major: int | None = None
-    # The plain torch-flavour rmsnorm's schedule by (D, element size), where measured faster than the
-    # default; an explicit rows_per_program or num_warps wins.
-    torch_rmsnorm: tuple[tuple[tuple[int, int], Schedule], ...] = ()
+    # Schedules measured faster than the default (``schedule_table``), by op kind, D range and element
+    # size. They apply where the caller's schedule sets neither rows_per_program nor num_warps (its
+    # other fields, where set, still win); elsewhere the default.
+    schedules: tuple[ScheduleEntry, ...] = ()
 
 
 DEFAULT_TRAITS = LaunchTraits()  # no PDL, no tuned schedules: what an entry point without a vendor gets
@@ -186,6 +237,9 @@ def exact_schedule(m: int, d: int, flavour: str, num: Numerics, schedule: Schedu
     ``exact_reason`` is None (also the q/k norm + RoPE kernel's)."""
     if flavour == "torch":
         tile, factor = torch_tile(d, num), 1.0
+        if schedule.trim and tile.k == 1 and next_pow2(d // TORCH_VEC) < tile.a:
+            a = next_pow2(d // TORCH_VEC)
+            tile = tile._replace(a=a, bw=a)
     else:
         found = mean_tile(max(m, 1), d, num)
         assert not isinstance(found, str)
@@ -265,10 +319,10 @@ def plan(
     pdl = False
     if v.exact:
         schedule = v.schedule
-        if flavour == "torch" and scale is None and schedule.rows_per_program is None and schedule.num_warps is None:
-            tuned = dict(v.traits.torch_rmsnorm).get((d, x.element_size()))
+        if schedule.rows_per_program is None and schedule.num_warps is None and v.traits.schedules:
+            tuned = tuned_schedule(v.traits.schedules, op_kind(flavour, scale is not None), d, x.element_size())
             if tuned is not None:
-                schedule = tuned._replace(arrangement=schedule.arrangement)
+                schedule = tuned._replace(**{f: val for f, val in schedule._asdict().items() if val is not None})
         tile, factor, r, warps = exact_schedule(m, d, flavour, v.numerics, schedule)
         if flavour == "torch":
             align = TORCH_VEC * x.element_size()
@@ -278,6 +332,8 @@ def plan(
         if arrangement is None:
             arrangement = default_arrangement(flavour, tile, r, scale is not None)
         pdl = use_pdl(x, v.traits)
+        # row-invariant scale and shift (no stride over rows), read in place: the flat load applies
+        flat = bool(schedule.flat_mod) and all(lay is not None and lay[1:3] == (0, 0) for lay in (sc_l, sh_l))
         scalars = (f32(eps), factor)
         consts: ExactConstexprs | FastConstexprs = ExactConstexprs(
             D=d,
@@ -298,6 +354,7 @@ def plan(
             X_FIRST=v.numerics.mean_x_first,
             RSQRT=rsqrt,
             PDL=pdl,
+            MOD_FLAT=flat and scale is not None,
         )
     else:
         block_d = next_pow2(d)
@@ -429,11 +486,13 @@ def launcher(variant: Variant) -> Launcher:
 __all__ = [
     "DEFAULT_TRAITS",
     "NO_BCAST",
+    "OPS",
     "ExactSchedule",
     "LaunchPlan",
     "LaunchTraits",
     "Launcher",
     "Schedule",
+    "ScheduleEntry",
     "Variant",
     "bcast_layout",
     "default_arrangement",
@@ -441,7 +500,10 @@ __all__ = [
     "exact_schedule",
     "launcher",
     "meta",
+    "op_kind",
     "plan",
     "rows_of",
+    "schedule_table",
+    "tuned_schedule",
     "use_pdl",
 ]

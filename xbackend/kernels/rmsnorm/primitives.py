@@ -223,8 +223,13 @@ def row_stat(
         # thread a folds its vectors k = 0.. and their 4 elements, k-major: fma(x, x, acc)
         xs = tl.permute(to_fold_order(x, ARR, R, K, A, B), (0, 1, 3, 2))  # [R, A, K, B]
         acc = fold(tl.reshape(xs, [R, A, K * B]), tl.zeros([R, A], tl.float32), True)
-        acc = tree(tl.reshape(acc, [R, A // LANES, LANES]), LANES, False)  # lanes, per warp
-        tot = tl.reshape(tree(tl.reshape(acc, [R, 1, A // LANES]), A // LANES, False), [R])  # warps
+        if A < LANES:
+            # a trimmed tile (launch.Schedule.trim): the threads dropped above A held exact zeros, and
+            # a halving tree's offsets >= A add only those to lanes < A: a tree over A lanes is equal
+            tot = tl.reshape(tree(tl.reshape(acc, [R, 1, A]), A, False), [R])
+        else:
+            acc = tree(tl.reshape(acc, [R, A // LANES, LANES]), LANES, False)  # lanes, per warp
+            tot = tl.reshape(tree(tl.reshape(acc, [R, 1, A // LANES]), A // LANES, False), [R])  # warps
         stat = tl.div_rn(tot, tl.full([R], D, tl.float32))
     else:
         q = x * x  # pow(2) is its own rounded kernel; fp fusion is off, so no FMA with the add below

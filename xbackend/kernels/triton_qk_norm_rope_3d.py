@@ -1,0 +1,215 @@
+"""Triton ``qk_norm_rope_3d``: per-head RMSNorm, query scale and 3-D axial RoPE of q and k in one pass,
+bit-exact to ``xbackend.ops.qk_norm_rope_3d.reference`` on the same GPU.
+
+The rows are the heads (``D = head_dim``); the norm is the q/k norm + RoPE kernel's
+(``triton_qk_norm_rope.norm_rope_rows``: PyTorch's reduction order, eager's roundings, fp fusion off),
+with the query's scale rounded where eager rounds it. The rotation is the interleaved one: diffusers'
+``even * cos - odd * sin`` and ``even * sin + odd * cos`` are, bit for bit, ``even * cos + (-odd) *
+sin`` and ``odd * cos + even * sin`` (negation is exact, IEEE addition commutes).
+
+cos and sin come from a table built on the device by the reference's own expressions
+(``axis_angles(...).cos()``, once per grid shape, cached): ``[T + H + W, D]`` fp32, row ``t`` holding
+the T chunk's channels at frame t, row ``T + h`` the H chunk's, row ``T + H + w`` the W chunk's, each
+angle repeated over its channel pair. The kernel picks a channel's row from the token's (t, h, w) and
+the channel's chunk, so the table (a few KB, cache-resident) replaces a [tokens, D] cos/sin stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.rmsnorm.exact import f32
+from xbackend.kernels.rmsnorm.launch import DEFAULT_TRAITS, LaunchTraits, Schedule, exact_schedule, meta, tuned_schedule
+from xbackend.kernels.rmsnorm.numerics import FLAVOURS, RSQRT_MATH, Numerics
+from xbackend.kernels.rmsnorm.supports import ALIGN_REASON, NotVectorizable, aten_vectorizes, exact_reason, interpreting
+from xbackend.kernels.triton_qk_norm_rope import norm_rope_rows, pairs
+from xbackend.ops.qk_norm_rope_3d import axis_angles, rope_dim_split
+
+
+@triton.jit
+def _qk_norm_rope_3d_kernel(
+    q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+    M, stride_q, stride_k, HEADS, T, H, W, eps, factor, q_scale,
+    D: tl.constexpr, DIM_T: tl.constexpr, DIM_TH: tl.constexpr, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr,
+    R: tl.constexpr, K: tl.constexpr, A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr,
+    LANES: tl.constexpr, BW: tl.constexpr, Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr,
+    RSQRT: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    rr = (pid * R + tl.arange(0, R))[None, :, None, None]
+    toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
+    cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
+    cmask = cols < D
+    mask = (rr < M) & cmask
+    # row = ((((b * T + t) * H + h) * W + w) * HEADS + head); the table row of channel c
+    tok = rr // HEADS
+    w = tok % W
+    h = (tok // W) % H
+    t = (tok // (W * H)) % T
+    trow = tl.where(cols < DIM_T, t, tl.where(cols < DIM_TH, T + h, T + H + w))
+    f_off = trow * D + cols
+    c1, c2 = pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0))
+    s1, s2 = pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0))
+    norm_rope_rows(q_ptr, wq_ptr, qo_ptr, stride_q, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
+                   D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
+                   False, 1, 1, q_scale, True)  # fmt: skip
+    norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
+                   D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
+                   False, 1, 1, q_scale, False)  # fmt: skip
+
+
+_KERNEL = DirectLaunch(_qk_norm_rope_3d_kernel)
+
+
+class _Plan(NamedTuple):
+    grid: tuple[int]
+    rows: int
+    stride_q: int
+    stride_k: int
+    consts: tuple  # eps (fp32), factor, then the constexprs in signature order
+    num_warps: int
+    check_alignment: bool  # torch flavour: aten vectorizes only 4-element aligned q, k and weights
+
+
+_PLANS: dict[tuple, _Plan | str] = {}
+_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_MAX_PLANS = 4096
+_MAX_TABLES = 64
+_DEFAULT = Schedule()
+
+
+def _rows_stride(x: torch.Tensor) -> int | None:
+    """The stride between consecutive head rows when all rows are one evenly strided view, else None."""
+    d = x.shape[-1]
+    if x.numel() == 0:
+        return d
+    if d > 1 and x.stride(-1) != 1:
+        return None
+    step = None
+    expect = None
+    for size, stride in reversed(list(zip(x.shape[:-1], x.stride()[:-1], strict=True))):
+        if size == 1:
+            continue
+        if step is None:
+            step, expect = stride, stride * size
+        elif stride != expect:
+            return None
+        else:
+            expect = stride * size
+    return d if step is None else step
+
+
+def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numerics, schedule: Schedule) -> _Plan | str:
+    if q.dim() != 6 or k.shape != q.shape or k.dtype != q.dtype or k.device != q.device:
+        return "q and k must be one [B, T, H, W, heads, head_dim] shape, dtype and device"
+    if (q_weight is None) != (k_weight is None):
+        return "one of q_weight/k_weight is None"
+    d = q.shape[-1]
+    if d == 0 or d % 8:
+        return "head_dim must be a positive multiple of 8"
+    for x, wt in ((q, q_weight), (k, k_weight)):
+        reason = exact_reason(x, wt, flavour, num, False)
+        if reason:
+            return reason
+    sq, sk = _rows_stride(q), _rows_stride(k)
+    if sq is None or sk is None:
+        return "q/k head rows are not one strided view with a contiguous last dim"
+    m = q.numel() // d
+    plan, factor, r, warps = exact_schedule(m, d, flavour, num, schedule)
+    if plan.b % 2:
+        return "tile vectors of odd width"
+    dim_t, dim_h, _ = rope_dim_split(d)
+    consts = (f32(eps), factor, f32(q_scale), d, dim_t, dim_t + dim_h, FLAVOURS.index(flavour), q_weight is not None,
+              r, plan.k, plan.a, plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing,
+              num.mean_x_first, RSQRT_MATH if interpreting() else num.rsqrt)  # fmt: skip
+    return _Plan((triton.cdiv(m, r),), m, sq, sk, consts, warps, flavour == "torch")
+
+
+def _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule, traits=DEFAULT_TRAITS) -> _Plan | str:
+    # Shapes, strides and dtypes fix the plan, so the analysis runs once per geometry.
+    key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+           None if q_weight is None else meta(q_weight), None if k_weight is None else meta(k_weight),
+           eps, q_scale, flavour, num, schedule, traits)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        if schedule.rows_per_program is None and schedule.num_warps is None and traits.schedules:
+            tuned = tuned_schedule(traits.schedules, f"qk_norm_rope_3d-{flavour}", q.shape[-1], q.element_size())
+            schedule = tuned or schedule
+        plan = _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule)
+        if len(_PLANS) < _MAX_PLANS:
+            _PLANS[key] = plan
+    return plan
+
+
+def tables(lengths: tuple[int, int, int], head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[T + H + W, head_dim]`` fp32 cos and sin tables (module docstring), cached per grid."""
+    key = (tuple(lengths), head_dim, float(base), device)
+    found = _TABLES.get(key)
+    if found is not None:
+        return found
+    cos = torch.zeros(sum(lengths), head_dim, dtype=torch.float32, device=device)
+    sin = torch.zeros_like(cos)
+    row = col = 0
+    for n, dim in zip(lengths, rope_dim_split(head_dim), strict=True):
+        angles = axis_angles(n, dim, base, device)
+        cos[row : row + n, col : col + dim] = angles.cos().repeat_interleave(2, dim=-1)
+        sin[row : row + n, col : col + dim] = angles.sin().repeat_interleave(2, dim=-1)
+        row, col = row + n, col + dim
+    if len(_TABLES) >= _MAX_TABLES:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[key] = (cos, sin)
+    return cos, sin
+
+
+def supports(q, k, q_weight, k_weight, eps, q_scale, base, flavour, *, numerics: Numerics) -> str | None:
+    """Why the kernel cannot reproduce the reference on these inputs, or None (shapes only; pointer
+    alignment is checked per call). ``numerics``: the PyTorch build to reproduce."""
+    plan = _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, numerics, Schedule())
+    return plan if isinstance(plan, str) else None
+
+
+def qk_norm_rope_3d(q, k, q_weight, k_weight, eps=1e-6, q_scale=1.0, base=10000.0, flavour="torch", *,
+                    numerics: Numerics, schedule: Schedule = _DEFAULT,
+                    traits: LaunchTraits = DEFAULT_TRAITS) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The op's reference as one kernel. Raises ValueError where ``supports`` gives a reason,
+    ``NotVectorizable`` for a misaligned torch-flavour call. ``traits.schedules`` (op kind
+    ``qk_norm_rope_3d-<flavour>``) picks the launch where ``schedule`` sets neither rows nor warps."""
+    plan = _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, numerics, schedule, traits)
+    if isinstance(plan, str):
+        raise ValueError(f"triton qk_norm_rope_3d: {plan}")
+    if plan.check_alignment and not (aten_vectorizes(q, q_weight) and aten_vectorizes(k, k_weight)):
+        raise NotVectorizable(f"triton qk_norm_rope_3d: {ALIGN_REASON}")
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+    if plan.rows == 0:
+        return q_out, k_out
+    heads, d = q.shape[4], q.shape[5]
+    lengths = tuple(q.shape[1:4])
+    cos, sin = tables(lengths, d, base, q.device)
+    eps32, factor, scale32, *consts = plan.consts
+    wq = q_weight if q_weight is not None else q
+    wk = k_weight if k_weight is not None else k
+    _KERNEL(plan.grid, (q, k, wq, wk, cos, sin, q_out, k_out, plan.rows, plan.stride_q, plan.stride_k, heads, *lengths,
+                        eps32, factor, scale32, *consts), num_warps=plan.num_warps, enable_fp_fusion=False)  # fmt: skip
+    return q_out, k_out
+
+
+def qk_norm_rope_3d_with(numerics: Numerics, fallback: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+                         traits: LaunchTraits = DEFAULT_TRAITS):  # fmt: skip
+    """``qk_norm_rope_3d`` for one fixed ``numerics`` (a backend's registered impl). A call whose pointers
+    aten would not vectorize returns ``fallback(...)`` (the op's reference) for that call."""
+
+    def qk_norm_rope_3d_fixed(q, k, q_weight, k_weight, eps, q_scale, base, flavour):
+        try:
+            return qk_norm_rope_3d(q, k, q_weight, k_weight, eps, q_scale, base, flavour, numerics=numerics,
+                                   traits=traits)  # fmt: skip
+        except NotVectorizable:
+            return fallback(q, k, q_weight, k_weight, eps, q_scale, base, flavour)
+
+    return qk_norm_rope_3d_fixed
