@@ -47,11 +47,16 @@ def _qk_norm_rope_3d_kernel(
     cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
     cmask = cols < D
     mask = (rr < M) & cmask
-    # row = ((((b * T + t) * H + h) * W + w) * HEADS + head); the table row of channel c
-    tok = rr // HEADS
-    w = tok % W
-    h = (tok // W) % H
-    t = (tok // (W * H)) % T
+    # row = ((((b * T + t) * H + h) * W + w) * HEADS + head); the table row of channel c. In 32 bits
+    # (M < 2**31, checked by the plan): 64-bit divisions are emulated, about 70 instructions each,
+    # enough to make the kernel compute-bound on rows of 64 elements.
+    r32 = rr.to(tl.int32)
+    tok = r32 // HEADS
+    tw = tok // W
+    w = tok - tw * W
+    th = tw // H
+    h = tw - th * H
+    t = th % T
     trow = tl.where(cols < DIM_T, t, tl.where(cols < DIM_TH, T + h, T + H + w))
     f_off = trow * D + cols
     c1, c2 = pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0))
@@ -121,6 +126,8 @@ def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numeric
     if sq is None or sk is None:
         return "q/k head rows are not one strided view with a contiguous last dim"
     m = q.numel() // d
+    if m >= 2**31:
+        return "2**31 or more head rows (the kernel's row arithmetic is 32-bit)"
     plan, factor, r, warps = exact_schedule(m, d, flavour, num, schedule)
     if plan.b % 2:
         return "tile vectors of odd width"
