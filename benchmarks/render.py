@@ -370,6 +370,27 @@ def render_plugin_classify(run: dict[str, Any], software: dict[str, str]) -> lis
                              "registered for dtype", "contract holds", "tier admitted"], rows)  # fmt: skip
 
 
+def render_diffvae_decode(run: dict[str, Any], software: dict[str, str]) -> list[str]:
+    """benchmarks/diffvae_decode.py's JSON: decode time per patch mode, bit-identity to the
+    attention-only mode, and the CUDA time by kernel family of the profiled modes side by side."""
+    data = json.loads(_read(run["data"]))
+    _check_header(run, data["device"], data["torch"], software, run["data"])
+    modes = data["modes"]
+    base = modes["attention only"]["seconds"]
+    rows = [[f"`{m}`", ", ".join(f"{k} {n}" for k, n in r["sites"].items()), f"{r['seconds']:.3f} s",
+             _x(base / r["seconds"]), r["vs attention only"]] for m, r in modes.items()]  # fmt: skip
+    out = _table(["patch", "sites", "decode (median)", "vs attention only", "output vs attention only"], rows)
+    profiles = data["profiles"]
+    names = list(profiles)
+    families = list(dict.fromkeys(f for p in profiles.values() for f, _, _ in p["rows"]))
+    got = {m: {f: ms for f, ms, _ in p["rows"]} for m, p in profiles.items()}
+    prow = [[fam, *(f"{got[m].get(fam, 0.0):.0f} ms ({100 * got[m].get(fam, 0.0) / profiles[m]['total_ms']:.0f}%)"
+                    for m in names)] for fam in families]  # fmt: skip
+    prow.append(["**CUDA total**", *(f"**{profiles[m]['total_ms']:.0f} ms**" for m in names)])
+    return [*out, "", "CUDA time of one decode by kernel family (`torch.profiler`, kernel names matched in order):", "",
+            *_table(["kernel family", *(f"`{m}`" for m in names)], prow)]  # fmt: skip
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "bench": render_bench,
     "na_quick": render_na_quick,
@@ -378,6 +399,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "patch_check": render_patch_check,
     "example_table": render_example_table,
     "plugin_classify": render_plugin_classify,
+    "diffvae_decode": render_diffvae_decode,
 }
 
 
