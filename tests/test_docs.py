@@ -272,3 +272,9 @@ def test_history_report_for_other_docs_and_code() -> None:
 if __name__ == "__main__":
     for line in history_report():
         print(line)
+
+
+def test_no_module_of_the_package_is_over_500_lines() -> None:
+    root = Path(__file__).resolve().parents[1] / "xbackend"
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"split these modules (one idea each): {long}"

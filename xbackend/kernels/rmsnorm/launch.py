@@ -40,6 +40,7 @@ from xbackend.kernels.rmsnorm.exact import (
 )
 from xbackend.kernels.rmsnorm.fast import FastConstexprs, _rmsnorm_fast_kernel
 from xbackend.kernels.rmsnorm.numerics import ARR_ARKB, ARR_MERGED, FLAVOURS, RSQRT_MATH, TORCH_VEC, Numerics
+from xbackend.kernels.rmsnorm.schedules import OPS, Schedule, ScheduleEntry, op_kind, schedule_table, tuned_schedule
 from xbackend.kernels.rmsnorm.supports import (
     ALIGN_REASON,
     NotVectorizable,
@@ -59,63 +60,6 @@ MAX_DEFAULT_ROWS = 64
 FAST_ELEMENTS_PER_WARP = 1024
 MAX_PLANS = 4096  # launch plans kept per launcher (distinct input metadata)
 NO_BCAST = (1, 0, 0, 0)  # (inner, outer stride, inner stride, column stride) of an absent operand
-
-
-class Schedule(NamedTuple):
-    """How a launch is laid out: performance only, never the arithmetic. None: the default."""
-
-    rows_per_program: int | None = None  # a power of two
-    num_warps: int | None = None
-    arrangement: int | None = None  # exact kernel only: numerics.ARR_ARKB or ARR_MERGED
-    # Exact "torch" flavour, rows of at most torch_threads 4-vectors (one loop step): materialise only
-    # the next_pow2(D / 4) emulated threads that hold elements. The dropped threads' partial sums are
-    # exact zeros that aten's halving trees add to lanes below them, so the statistic is bit-identical
-    # (primitives.row_stat); the tile shrinks from 4 * torch_threads to next_pow2(D) elements per row.
-    trim: bool | None = None
-    # Exact modulate whose scale and shift are one [D] row for every row ([1, .., 1, D], [D]): load them
-    # once per program, like the weight, instead of once per row (same values; fewer loads and registers).
-    flat_mod: bool | None = None
-
-
-# Op kinds a vendor's schedule table is keyed by (with D and the element size).
-OPS = ("rmsnorm-torch", "rmsnorm-diffusers", "modulate-torch", "modulate-diffusers", "qk_norm_rope_3d-torch",
-       "qk_norm_rope_3d-diffusers")  # fmt: skip
-
-
-def op_kind(flavour: str, modulate: bool) -> str:
-    return f"{'modulate' if modulate else 'rmsnorm'}-{flavour}"
-
-
-class ScheduleEntry(NamedTuple):
-    """One row of a vendor's schedule table: ``schedule`` for ``op`` at D in [d_min, d_max], ``itemsize``-byte elements."""
-
-    op: str
-    d_min: int
-    d_max: int
-    itemsize: int
-    schedule: Schedule
-
-
-def schedule_table(entries: dict) -> tuple[ScheduleEntry, ...]:
-    """``{(op, D or (d_min, d_max), itemsize): Schedule}`` as a ``LaunchTraits.schedules`` tuple (hashable),
-    validated and ordered so that the first match is the narrowest D range (ties: the first listed)."""
-    rows = []
-    for (op, d, itemsize), schedule in entries.items():
-        d_min, d_max = (d, d) if isinstance(d, int) else d
-        r = schedule.rows_per_program if isinstance(schedule, Schedule) else 0
-        pow2 = r is None or (r >= 1 and r & (r - 1) == 0)
-        if op not in OPS or not 1 <= d_min <= d_max or itemsize not in (1, 2, 4, 8) or not pow2:
-            raise ValueError(f"bad schedule table entry {(op, d, itemsize)!r}: {schedule!r} (rows: a power of two)")
-        rows.append(ScheduleEntry(op, d_min, d_max, itemsize, schedule))
-    return tuple(sorted(rows, key=lambda e: e.d_max - e.d_min))  # stable: ties keep the listed order
-
-
-def tuned_schedule(table: tuple[ScheduleEntry, ...], op: str, d: int, itemsize: int) -> Schedule | None:
-    """The table's schedule for ``op`` on D-element rows of ``itemsize``-byte elements, or None."""
-    for e in table:
-        if e.op == op and e.itemsize == itemsize and e.d_min <= d <= e.d_max:
-            return e.schedule
-    return None
 
 
 class LaunchTraits(NamedTuple):
