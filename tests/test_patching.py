@@ -655,3 +655,78 @@ def test_swiglu_keeps_diffusers_token_tiles(monkeypatch: pytest.MonkeyPatch, dty
         assert torch.equal(mlp(x[:, :1, :1]), dd.LTX2VideoVaeSwiGLU.forward(mlp, x[:, :1, :1]))  # one tile
     xbackend.unpatch(mlp)
     assert "forward" not in mlp.__dict__
+
+
+def _diffvae_pair(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+    """The same DiffVAE twice: attention-only patched (the reference) and fully patched."""
+    ref, full = build_diffvae(dtype=dtype), build_diffvae(dtype=dtype)
+    xbackend.patch(ref, only=("neighborhood_attention",))
+    xbackend.patch(full)
+    return ref, full
+
+
+def _attns(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "project_qkv")]
+
+
+class _DoubledRope(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner, self.rope_dim_split, self.base = inner, inner.rope_dim_split, inner.base
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 2
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda a: setattr(a, "norm_q", nn.LayerNorm(a.head_dim)) or setattr(a, "norm_k", nn.LayerNorm(a.head_dim)),
+        lambda a: setattr(a, "norm_q", nn.Identity()),
+        lambda a: setattr(a, "norm_q", nn.RMSNorm(a.head_dim, eps=None)),
+        lambda a: setattr(a, "rope", _DoubledRope(a.rope)),
+        lambda a: setattr(a.rope, "_inv_freqs", lambda d, dev, f=a.rope._inv_freqs: f(d, dev) * 0.5),
+        lambda a: setattr(a, "scale", float("nan")),
+        lambda a: setattr(a, "scale", torch.tensor(0.3)),
+        lambda a: setattr(a.rope, "base", -1.0),
+    ],
+    ids=["layernorm", "identity", "eps-none", "rope-module", "rope-method", "scale-nan", "scale-tensor", "base-negative"],
+)
+def test_diffvae_prelude_steps_aside_for_modules_changed_after_patching(one_thread, edit) -> None:
+    ref, full = _diffvae_pair()
+    for model in (ref, full):
+        for attn in _attns(model):
+            edit(attn)
+    try:
+        want = decode(ref)
+    except Exception as e:  # what stock raises, the patched model raises too
+        with pytest.raises(type(e)):
+            decode(full)
+        return
+    got = decode(full)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_diffvae_prelude_steps_aside_for_a_class_level_monkeypatch(one_thread, monkeypatch: pytest.MonkeyPatch) -> None:
+    from diffusers.models.autoencoders import ltx2_diffusion_decoder as dd
+
+    ref, full = _diffvae_pair()
+    stock_forward = dd.LTX2VideoVaeRotaryPosEmbed3D.forward
+    monkeypatch.setattr(dd.LTX2VideoVaeRotaryPosEmbed3D, "forward", lambda self, x: stock_forward(self, x) * 2)
+    assert torch.equal(decode(full), decode(ref))
+
+
+def test_diffvae_prelude_and_norms_run_as_written_under_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aten runs rms_norm in fp32 under (CUDA) autocast; the patched sites then run the written expression."""
+    from xbackend.patching import ltx2_attention
+
+    calls = []
+    real = ltx2_attention._QK_NORM_ROPE_3D
+    monkeypatch.setattr(ltx2_attention, "_QK_NORM_ROPE_3D", lambda *a: calls.append(1) or real(*a))
+    _, full = _diffvae_pair(torch.bfloat16)
+    decode(full, torch.bfloat16)
+    assert calls
+    calls.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        decode(full, torch.bfloat16)
+    assert not calls

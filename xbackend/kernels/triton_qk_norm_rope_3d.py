@@ -147,7 +147,8 @@ def _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule, 
     if plan is None:
         if schedule.rows_per_program is None and schedule.num_warps is None and traits.schedules:
             tuned = tuned_schedule(traits.schedules, f"qk_norm_rope_3d-{flavour}", q.shape[-1], q.element_size())
-            schedule = tuned or schedule
+            if tuned is not None:  # the caller's own fields (trim, arrangement) win, as in rmsnorm's plan
+                schedule = tuned._replace(**{f: v for f, v in schedule._asdict().items() if v is not None})
         plan = _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule)
         if len(_PLANS) < _MAX_PLANS:
             _PLANS[key] = plan
@@ -155,11 +156,13 @@ def _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule, 
 
 
 def tables(lengths: tuple[int, int, int], head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``[T + H + W, head_dim]`` fp32 cos and sin tables (module docstring), cached per grid."""
+    """The ``[T + H + W, head_dim]`` fp32 cos and sin tables (module docstring), cached per grid (up to
+    ``_MAX_TABLES`` grids; beyond that, built per call)."""
     key = (tuple(lengths), head_dim, float(base), device)
     found = _TABLES.get(key)
     if found is not None:
         return found
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     cos = torch.zeros(sum(lengths), head_dim, dtype=torch.float32, device=device)
     sin = torch.zeros_like(cos)
     row = col = 0
@@ -168,9 +171,13 @@ def tables(lengths: tuple[int, int, int], head_dim: int, base: float, device: to
         cos[row : row + n, col : col + dim] = angles.cos().repeat_interleave(2, dim=-1)
         sin[row : row + n, col : col + dim] = angles.sin().repeat_interleave(2, dim=-1)
         row, col = row + n, col + dim
-    if len(_TABLES) >= _MAX_TABLES:
-        _TABLES.pop(next(iter(_TABLES)))
-    _TABLES[key] = (cos, sin)
+    # Cached only when built eagerly (under CUDA-graph capture the fill would only be recorded), never
+    # evicted (another stream may still read an old table), and complete before any other stream can
+    # find it: the one synchronisation per grid shape.
+    if not capturing and len(_TABLES) < _MAX_TABLES:
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        _TABLES[key] = (cos, sin)
     return cos, sin
 
 

@@ -202,7 +202,8 @@ def _like(t: torch.Tensor, x: torch.Tensor) -> bool:
 
 
 def can_rmsnorm(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
-    if x.dtype not in _FLOAT or x.dim() < 1 or x.shape[-1] == 0:
+    # Under autocast aten runs rms_norm in fp32 (and returns fp32); the written expression keeps that.
+    if x.dtype not in _FLOAT or x.dim() < 1 or x.shape[-1] == 0 or torch.is_autocast_enabled(x.device.type):
         return False
     return weight is None or (_like(weight, x) and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
 
@@ -362,7 +363,7 @@ def diffusers_rmsnorm_class() -> type | None:
     return RMSNorm
 
 
-def _is_eps(eps: object) -> bool:
+def is_eps(eps: object) -> bool:
     return isinstance(eps, int | float) and not isinstance(eps, bool) and math.isfinite(eps) and eps >= 0
 
 
@@ -382,7 +383,7 @@ def rmsnorm_flavour(module: nn.Module) -> tuple[str | None, str]:
             # Documented as finfo(x.dtype).eps, but aten uses the *opmath* type's epsilon (float32's for
             # bf16/fp16 inputs, measured on CPU), and each device resolves it on its own.
             return None, "eps=None: torch resolves the default eps inside aten per device; left to torch"
-        if not _is_eps(eps):
+        if not is_eps(eps):
             return None, f"eps {eps!r} is not a finite number >= 0"
         return "torch", _norm_detail("torch", shape[0], eps, module.weight)
     if cls is diffusers_rmsnorm_class():
@@ -396,7 +397,7 @@ def rmsnorm_flavour(module: nn.Module) -> tuple[str | None, str]:
             return None, "has a bias: rmsnorm followed by + bias is not the rmsnorm op"
         if len(module.dim) != 1:
             return None, f"dim {tuple(module.dim)} has more than one entry"
-        if not _is_eps(module.eps):
+        if not is_eps(module.eps):
             return None, f"eps {module.eps!r} is not a finite number >= 0"
         return "diffusers", _norm_detail("diffusers", module.dim[0], module.eps, module.weight)
     return None, "not an RMSNorm xbackend knows"

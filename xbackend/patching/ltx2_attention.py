@@ -10,6 +10,7 @@ through ``neighborhood_attention``. Each keeps the processor it replaced, which 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from ._common import (
     diffusers_mismatch,
     foreign_override,
     hookless_now,
+    is_eps,
     ours_or_stock,
     qk_fusion_flavour,
     qk_norm_rope,
@@ -43,23 +45,26 @@ class XbackendNeighborhoodProcessor(DiffVAENeighborhoodProcessor):
     """Stands in for diffusers' flex or NATTEN processor on one attention layer, running
     ``get_op("neighborhood_attention")`` with the same window (``clamp(i - k//2, 0, L - k)`` per axis,
     no dilation, not causal) and ``scale=1.0`` (the query is pre-scaled by ``head_dim**-0.5`` in
-    ``project_qkv``). With ``prelude`` (the q/k norms' flavour), ``project_qkv``'s norms, query scale and
-    3-D RoPE run as one ``qk_norm_rope_3d`` call whenever the layer is still diffusers' expression for
-    the call's inputs (else ``project_qkv`` runs). Keeps the processor it replaced for `unpatch`. Not
-    being the flex processor, it also keeps the decoder from building a flex block mask."""
+    ``project_qkv``). With ``prelude`` (the q/k norms' flavour, found at patch time for the modules in
+    ``approved``: norm_q, norm_k, rope), ``project_qkv``'s norms, query scale and 3-D RoPE run as one
+    ``qk_norm_rope_3d`` call whenever the layer is still diffusers' expression for the call's inputs
+    (``_prelude_is_stock``; else ``project_qkv`` runs). Keeps the processor it replaced for `unpatch`.
+    Not being the flex processor, it also keeps the decoder from building a flex block mask."""
 
-    def __init__(self, original: Any, prelude: str | None = None):
+    def __init__(self, original: Any, prelude: str | None = None, approved: tuple[nn.Module, ...] = ()):
         super().__init__(get_op("neighborhood_attention"))
         self.original = original
         self.prelude = prelude
+        self.approved = approved
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The op object holds torch.library handles that cannot be copied; rebuild it instead, so a
-        # patched model still deep-copies (and pickles) like a stock one.
-        return (type(self), (self.original, self.prelude))
+        # patched model still deep-copies (and pickles) like a stock one. The approved modules travel
+        # through the copy's memo, so they name the copy's own modules.
+        return (type(self), (self.original, self.prelude, self.approved))
 
     def project_qkv(self, attn: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.prelude is None or not _prelude_is_stock(attn):
+        if self.prelude is None or not _prelude_is_stock(attn, self.approved, hidden_states):
             return attn.project_qkv(hidden_states)
         batch, frames, height, width, _ = hidden_states.shape
         shape = (batch, frames, height, width, attn.heads, attn.head_dim)
@@ -75,17 +80,56 @@ class XbackendNeighborhoodProcessor(DiffVAENeighborhoodProcessor):
         return query, key, value
 
 
-def _prelude_is_stock(attn: nn.Module) -> bool:
-    """The layer's prelude is still what diffusers' ``project_qkv`` computes: no hooks or replaced
-    methods on the norms, the RoPE or ``project_qkv``, and the RoPE's chunks diffusers' split."""
+# diffusers computes the RoPE frequencies in fp32 instead of float64 on these device types
+# (maybe_adjust_dtype_for_device); the op's reference is the float64 one.
+_PRELUDE_DEVICES = ("cuda", "cpu")
+_ROPE_METHODS = ("forward", "_inv_freqs", "_rotate_axis")
+_STOCK: dict[str, Any] = {}
+
+
+def _stock_functions() -> dict[str, Any]:
+    """diffusers' own project_qkv and RoPE methods, as imported (a class-level monkeypatch differs)."""
+    if not _STOCK:
+        from diffusers.models.autoencoders import ltx2_diffusion_decoder as dd
+
+        _STOCK["project_qkv"] = dd.LTX2VideoVaeNeighborhoodAttention.__dict__["project_qkv"]
+        _STOCK["rope_class"] = dd.LTX2VideoVaeRotaryPosEmbed3D
+        for name in _ROPE_METHODS:
+            _STOCK[name] = dd.LTX2VideoVaeRotaryPosEmbed3D.__dict__[name]
+    return _STOCK
+
+
+def _number(x: object, positive: bool = False) -> bool:
+    return type(x) in (int, float) and math.isfinite(x) and (x > 0 or not positive)
+
+
+def _prelude_is_stock(attn: nn.Module, approved: tuple[nn.Module, ...], x: torch.Tensor) -> bool:
+    """The layer's prelude is still what diffusers' ``project_qkv`` computes and what the op takes: the
+    norms and RoPE approved at patch time, none hooked or with a replaced method (on the instance or
+    the class), the RoPE's chunks diffusers' split, eps, scale and base numbers the op accepts, no
+    autocast (aten runs rms_norm in fp32 under it), a device whose RoPE frequencies diffusers builds
+    in float64."""
     rope = attn.rope
+    stock = _stock_functions()
     return (
-        ours_or_stock(attn, "project_qkv")
+        len(approved) == 3
+        and attn.norm_q is approved[0]
+        and attn.norm_k is approved[1]
+        and rope is approved[2]
+        and type(rope) is stock["rope_class"]
+        and type(attn).__dict__.get("project_qkv") is stock["project_qkv"]
+        and all(type(rope).__dict__.get(n) is stock[n] and n not in rope.__dict__ for n in _ROPE_METHODS)
+        and ours_or_stock(attn, "project_qkv")
         and hookless_now(attn.norm_q)
         and hookless_now(attn.norm_k)
         and hookless_now(rope)
         and tuple(rope.rope_dim_split) == rope_dim_split(attn.head_dim)
+        and is_eps(attn.norm_q.eps)
         and attn.norm_q.eps == attn.norm_k.eps
+        and _number(attn.scale)
+        and _number(rope.base, positive=True)
+        and x.device.type in _PRELUDE_DEVICES
+        and not torch.is_autocast_enabled(x.device.type)
     )
 
 
@@ -106,6 +150,9 @@ def _prelude_flavour(attn: nn.Module) -> tuple[str | None, str]:
         return None, f"rope is {type(attn.rope).__name__}, not diffusers' LTX2VideoVaeRotaryPosEmbed3D"
     if foreign_override(attn, "project_qkv"):
         return None, "project_qkv is replaced on the instance"
+    replaced = [n for n in _ROPE_METHODS if n in attn.rope.__dict__]
+    if replaced:
+        return None, f"rope.{replaced[0]} is replaced on the instance"
     flavour, detail = qk_fusion_flavour(attn.norm_q, attn.norm_k)
     if flavour is None:
         return None, detail
@@ -138,7 +185,8 @@ def patch_na_processor(attn: nn.Module, path: str, found: Findings, options: Pat
                 found.skip("qk_norm_rope_3d", path, why)
             else:
                 found.add("qk_norm_rope_3d", path, why)
-        attn.set_processor(XbackendNeighborhoodProcessor(processor, prelude))
+        approved = (attn.norm_q, attn.norm_k, attn.rope) if prelude is not None else ()
+        attn.set_processor(XbackendNeighborhoodProcessor(processor, prelude, approved))
         found.add("neighborhood_attention", path, f"{detail}; was {type(processor).__name__}")
 
 

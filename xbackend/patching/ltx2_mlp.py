@@ -39,9 +39,13 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def swiglu_forward(tile_size: int) -> Callable[..., Any]:
+def swiglu_forward(module: Any) -> Callable[..., Any]:
+    """The forward, reading diffusers' tile size from ``module`` (its decoder module) on every call, as
+    diffusers' own forward does."""
+
     def forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-        # diffusers' tiling: tokens in tiles of `tile_size`, each tile's MLP on its own
+        # diffusers' tiling: tokens in tiles of `_SWIGLU_TILE_SIZE`, each tile's MLP on its own
+        tile_size = module._SWIGLU_TILE_SIZE
         batch_size, *token_dims, channels = hidden_states.shape
         num_tokens = math.prod(token_dims)
         if num_tokens <= tile_size:
@@ -68,7 +72,7 @@ def patch_swiglu(mlp: nn.Module, path: str, found: Findings, options: PatchOptio
         from diffusers.models.autoencoders import ltx2_diffusion_decoder as dd
 
         tile_size = getattr(dd, "_SWIGLU_TILE_SIZE", None)
-        fn = swiglu_forward(tile_size or 0)
+        fn = swiglu_forward(dd)
         if not isinstance(tile_size, int) or tile_size < 1:
             problem = "diffusers' _SWIGLU_TILE_SIZE is missing"
         elif not same_parameters(fn, type(mlp).forward):
