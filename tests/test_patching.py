@@ -730,3 +730,15 @@ def test_diffvae_prelude_and_norms_run_as_written_under_autocast(monkeypatch: py
     with torch.autocast("cpu", dtype=torch.bfloat16):
         decode(full, torch.bfloat16)
     assert not calls
+
+
+@pytest.mark.parametrize("edit", ["hook", "layernorm"])
+def test_diffvae_modulated_norms_step_aside_for_changes_after_patching(one_thread, edit: str) -> None:
+    ref, full = _diffvae_pair()
+    for model in (ref, full):
+        block = model.decoder.diff_blocks[0]
+        if edit == "hook":
+            block.norm1.register_forward_hook(lambda m, i, o: o * 2)
+        else:
+            block.norm2 = nn.LayerNorm(block.norm2.normalized_shape, elementwise_affine=False)
+    assert torch.equal(decode(full), decode(ref))

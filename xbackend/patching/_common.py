@@ -262,12 +262,23 @@ def can_rope_split(x: torch.Tensor, cos: object, sin: object) -> bool:
 
 
 # -- the fused expressions -----------------------------------------------------------------------
+_DIFFUSERS_RMSNORM = ("diffusers.models.normalization", "RMSNorm")
+
+
+def still_fusable(norm: nn.Module, flavour: str) -> bool:
+    """The norm found fusable at patch time still is, on this call: the same class for its flavour, a
+    usable eps, no hooks (on it or global) and no replaced forward since."""
+    cls = type(norm)
+    same = cls is nn.RMSNorm if flavour == "torch" else (cls.__module__, cls.__qualname__) == _DIFFUSERS_RMSNORM
+    return same and is_eps(norm.eps) and hookless_now(norm)
+
+
 def norm_modulate(
     norm: nn.Module, flavour: str | None, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor
 ) -> torch.Tensor:
     """``norm(x) * (1 + scale) + shift``. ``flavour`` is the norm's flavour when the norm was found
     fusable at patch time, None to keep the expression as written."""
-    if flavour is not None:
+    if flavour is not None and still_fusable(norm, flavour):
         weight = norm.weight
         # torch's norm checks its normalized_shape against x (diffusers' does not); a mismatch raises there.
         sized = flavour != "torch" or (x.dim() >= 1 and x.shape[-1] == norm.normalized_shape[0])
