@@ -267,7 +267,7 @@ _DIFFUSERS_RMSNORM = ("diffusers.models.normalization", "RMSNorm")
 
 def still_fusable(norm: nn.Module, flavour: str) -> bool:
     """The norm found fusable at patch time still is, on this call: the same class for its flavour, a
-    usable eps, no hooks (on it or global) and no replaced forward since."""
+    usable eps, no hooks (on it or global) and no replaced forward."""
     cls = type(norm)
     same = cls is nn.RMSNorm if flavour == "torch" else (cls.__module__, cls.__qualname__) == _DIFFUSERS_RMSNORM
     return same and is_eps(norm.eps) and hookless_now(norm)
