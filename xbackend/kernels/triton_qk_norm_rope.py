@@ -42,7 +42,7 @@ from xbackend.kernels.rmsnorm.supports import (
     exact_reason,
     interpreting,
 )
-from xbackend.kernels.triton_rotary import _analyze_split, _row_view
+from xbackend.kernels.triton_rotary import _analyze_split, row_view
 
 
 @triton.jit
@@ -63,6 +63,19 @@ def _unhalves(first, second):
     """Inverse of ``_halves``."""
     t = tl.permute(tl.join(first, second), (0, 5, 1, 2, 3, 4))  # [G, 2, H2, R, K, B]
     return tl.reshape(t, [t.shape[0] * 2 * t.shape[2], t.shape[3], t.shape[4], t.shape[5]])
+
+
+@triton.jit
+def row_tile(M, D: tl.constexpr, R: tl.constexpr, K: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """This program's rows ``rr`` [1, R, 1, 1] (int64) and columns ``cols`` [A, 1, K, B] in the RMSNorm
+    kernels' ``[A, R, K, B]`` arrangement (row element ``(k*A + a)*B + b``), with the column mask and the
+    full mask; also the program id."""
+    pid = tl.program_id(0).to(tl.int64)
+    rr = (pid * R + tl.arange(0, R))[None, :, None, None]
+    toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
+    cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
+    cmask = cols < D
+    return pid, rr, cols, cmask, (rr < M) & cmask
 
 
 @triton.jit
@@ -109,12 +122,7 @@ def _qk_norm_rope_kernel(
     Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
     SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    rr = (pid * R + tl.arange(0, R))[None, :, None, None]
-    toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
-    cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
-    cmask = cols < D
-    mask = (rr < M) & cmask
+    pid, rr, cols, cmask, mask = row_tile(M, D, R, K, A, B)
     if SPLIT:
         # cos/sin [batch, head, token, j] (f_a = tokens, f_b/f_c/f_d = batch/head/token strides), read
         # in the halves' shape [G, H2, R, K, B]: head k*G + g, channel j = a2*B + b of each half.
@@ -209,7 +217,7 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: Nume
         return "cos and sin must share shape, strides and dtype"
     if q.shape[-1] % 2:
         return "D must be even (RoPE pairs)"
-    sq, sk = _row_view(q, q.shape), _row_view(k, k.shape)
+    sq, sk = row_view(q, q.shape), row_view(k, k.shape)
     if sq is None or sk is None:
         return "q/k rows are not one strided view with a contiguous last dim"
     d = q.shape[-1]

@@ -25,10 +25,11 @@ import triton.language as tl
 
 from xbackend.kernels._triton_launch import DirectLaunch
 from xbackend.kernels.rmsnorm.exact import f32
-from xbackend.kernels.rmsnorm.launch import DEFAULT_TRAITS, LaunchTraits, Schedule, exact_schedule, meta, tuned_schedule
+from xbackend.kernels.rmsnorm.launch import DEFAULT_TRAITS, LaunchTraits, Schedule, exact_schedule, meta, table_schedule
 from xbackend.kernels.rmsnorm.numerics import FLAVOURS, RSQRT_MATH, Numerics
 from xbackend.kernels.rmsnorm.supports import ALIGN_REASON, NotVectorizable, aten_vectorizes, exact_reason, interpreting
-from xbackend.kernels.triton_qk_norm_rope import norm_rope_rows, pairs
+from xbackend.kernels.triton_qk_norm_rope import norm_rope_rows, pairs, row_tile
+from xbackend.kernels.triton_rotary import row_view
 from xbackend.ops.qk_norm_rope_3d import axis_angles, rope_dim_split
 
 
@@ -41,12 +42,7 @@ def _qk_norm_rope_3d_kernel(
     LANES: tl.constexpr, BW: tl.constexpr, Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr,
     RSQRT: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    rr = (pid * R + tl.arange(0, R))[None, :, None, None]
-    toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
-    cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
-    cmask = cols < D
-    mask = (rr < M) & cmask
+    _, rr, cols, cmask, mask = row_tile(M, D, R, K, A, B)
     # row = ((((b * T + t) * H + h) * W + w) * HEADS + head); the table row of channel c. In 32 bits
     # (M < 2**31, checked by the plan): 64-bit divisions are emulated, about 70 instructions each,
     # enough to make the kernel compute-bound on rows of 64 elements.
@@ -89,27 +85,6 @@ _MAX_TABLES = 64
 _DEFAULT = Schedule()
 
 
-def _rows_stride(x: torch.Tensor) -> int | None:
-    """The stride between consecutive head rows when all rows are one evenly strided view, else None."""
-    d = x.shape[-1]
-    if x.numel() == 0:
-        return d
-    if d > 1 and x.stride(-1) != 1:
-        return None
-    step = None
-    expect = None
-    for size, stride in reversed(list(zip(x.shape[:-1], x.stride()[:-1], strict=True))):
-        if size == 1:
-            continue
-        if step is None:
-            step, expect = stride, stride * size
-        elif stride != expect:
-            return None
-        else:
-            expect = stride * size
-    return d if step is None else step
-
-
 def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numerics, schedule: Schedule) -> _Plan | str:
     if q.dim() != 6 or k.shape != q.shape or k.dtype != q.dtype or k.device != q.device:
         return "q and k must be one [B, T, H, W, heads, head_dim] shape, dtype and device"
@@ -122,7 +97,7 @@ def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numeric
         reason = exact_reason(x, wt, flavour, num, False)
         if reason:
             return reason
-    sq, sk = _rows_stride(q), _rows_stride(k)
+    sq, sk = row_view(q, q.shape), row_view(k, k.shape)
     if sq is None or sk is None:
         return "q/k head rows are not one strided view with a contiguous last dim"
     m = q.numel() // d
@@ -135,7 +110,7 @@ def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numeric
     consts = (f32(eps), factor, f32(q_scale), d, dim_t, dim_t + dim_h, FLAVOURS.index(flavour), q_weight is not None,
               r, plan.k, plan.a, plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing,
               num.mean_x_first, RSQRT_MATH if interpreting() else num.rsqrt)  # fmt: skip
-    return _Plan((triton.cdiv(m, r),), m, sq, sk, consts, warps, flavour == "torch")
+    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), consts, warps, flavour == "torch")
 
 
 def _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule, traits=DEFAULT_TRAITS) -> _Plan | str:
@@ -145,10 +120,7 @@ def _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule, 
            eps, q_scale, flavour, num, schedule, traits)  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
-        if schedule.rows_per_program is None and schedule.num_warps is None and traits.schedules:
-            tuned = tuned_schedule(traits.schedules, f"qk_norm_rope_3d-{flavour}", q.shape[-1], q.element_size())
-            if tuned is not None:  # the caller's own fields (trim, arrangement) win, as in rmsnorm's plan
-                schedule = tuned._replace(**{f: v for f, v in schedule._asdict().items() if v is not None})
+        schedule = table_schedule(traits.schedules, f"qk_norm_rope_3d-{flavour}", q.shape[-1], q.element_size(), schedule)
         plan = _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule)
         if len(_PLANS) < _MAX_PLANS:
             _PLANS[key] = plan

@@ -150,7 +150,7 @@ _PLANS: dict[tuple, _Plan | _SplitPlan | str] = {}
 _MAX_PLANS = 4096
 
 
-def _row_view(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
+def row_view(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
     """t broadcast to ``shape`` as [rows, C] with unit column stride and one row stride, or None."""
     c = shape[-1]
     te = t.expand(shape)
@@ -165,7 +165,7 @@ def _row_view(t: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
 
 def _analyze_split(x: torch.Tensor, cos: torch.Tensor) -> _SplitPlan | str:
     half = x.shape[-1] // 2  # x's own heads (cos [..., D/2] per row of x)
-    xv = _row_view(x, x.shape)
+    xv = row_view(x, x.shape)
     if xv is None:
         return "x rows are not evenly strided with a contiguous last dim"
     rows = xv.shape[0]
@@ -179,7 +179,7 @@ def _analyze_split(x: torch.Tensor, cos: torch.Tensor) -> _SplitPlan | str:
         cs_b, cs_h, cs_t = cos.stride(0) if b > 1 else 0, cos.stride(1), cos.stride(2)
         f_span = max(1, b) * max(1, heads) * max(1, t_len) * max(cs_b, cs_h, cs_t, r)
     else:
-        fv = _row_view(cos, (*x.shape[:-1], half))
+        fv = row_view(cos, (*x.shape[:-1], half))
         if fv is None:
             return "cos/sin rows do not map to x rows with one stride (broadcast over an outer dim)"
         heads, t_len, cs_b, cs_h, cs_t = 1, max(rows, 1), 0, 0, fv.stride(0)
@@ -204,10 +204,10 @@ def _analyze(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str)
         return "cos and sin must share shape and strides"
     if layout == "split":
         return _analyze_split(x, cos)
-    xv = _row_view(x, x.shape)
+    xv = row_view(x, x.shape)
     if xv is None:
         return "x rows are not evenly strided with a contiguous last dim"
-    fv = _row_view(cos, x.shape)
+    fv = row_view(cos, x.shape)
     if fv is None:
         return "cos/sin rows do not map to x rows with one stride (broadcast over an outer dim)"
     rows, c = xv.shape

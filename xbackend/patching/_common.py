@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
@@ -31,6 +32,7 @@ _RMSNORM_MODULATE = get_op("rmsnorm_modulate")
 _GATED_RESIDUAL = get_op("gated_residual")
 _ROTARY = get_op("rotary_embedding")
 _QK_NORM_ROPE = get_op("qk_norm_rope")
+_SILU_MUL = get_op("silu_mul")
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 _MARK = "_xbackend_patch"
 
@@ -285,6 +287,17 @@ def norm_modulate(
         if sized and can_modulate(x, scale, shift, weight):
             return _RMSNORM_MODULATE(x, scale, shift, weight, norm.eps, flavour)
     return norm(x) * (1 + scale) + shift
+
+
+def can_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    return gate.dtype in _FLOAT and _like(up, gate) and up.shape == gate.shape
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up``."""
+    if can_silu_mul(gate, up):
+        return _SILU_MUL(gate, up)
+    return F.silu(gate) * up
 
 
 def gated(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .._api import get_op
 from ._common import (
     DIFFUSERS_VERSION,
     Findings,
@@ -27,16 +25,8 @@ from ._common import (
     mark,
     own_override,
     same_parameters,
+    silu_mul,
 )
-
-_SILU_MUL = get_op("silu_mul")
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if gate.shape == up.shape and gate.dtype == up.dtype in _FLOAT and gate.device == up.device:
-        return _SILU_MUL(gate, up)
-    return F.silu(gate) * up
 
 
 def swiglu_forward(module: Any) -> Callable[..., Any]:
@@ -49,12 +39,12 @@ def swiglu_forward(module: Any) -> Callable[..., Any]:
         batch_size, *token_dims, channels = hidden_states.shape
         num_tokens = math.prod(token_dims)
         if num_tokens <= tile_size:
-            return self.w_down(_silu_mul(self.w_gate(hidden_states), self.w_up(hidden_states)))
+            return self.w_down(silu_mul(self.w_gate(hidden_states), self.w_up(hidden_states)))
         flat = hidden_states.reshape(batch_size, num_tokens, channels)
         out = torch.empty_like(flat)
         for start in range(0, num_tokens, tile_size):
             tile = flat[:, start : start + tile_size]
-            out[:, start : start + tile_size] = self.w_down(_silu_mul(self.w_gate(tile), self.w_up(tile)))
+            out[:, start : start + tile_size] = self.w_down(silu_mul(self.w_gate(tile), self.w_up(tile)))
         return out.reshape(hidden_states.shape)
 
     return forward

@@ -40,7 +40,15 @@ from xbackend.kernels.rmsnorm.exact import (
 )
 from xbackend.kernels.rmsnorm.fast import FastConstexprs, _rmsnorm_fast_kernel
 from xbackend.kernels.rmsnorm.numerics import ARR_ARKB, ARR_MERGED, FLAVOURS, RSQRT_MATH, TORCH_VEC, Numerics
-from xbackend.kernels.rmsnorm.schedules import OPS, Schedule, ScheduleEntry, op_kind, schedule_table, tuned_schedule
+from xbackend.kernels.rmsnorm.schedules import (
+    OPS,
+    Schedule,
+    ScheduleEntry,
+    op_kind,
+    schedule_table,
+    table_schedule,
+    tuned_schedule,
+)
 from xbackend.kernels.rmsnorm.supports import (
     ALIGN_REASON,
     NotVectorizable,
@@ -262,11 +270,8 @@ def plan(
     align = check_x = check_w = 0
     pdl = False
     if v.exact:
-        schedule = v.schedule
-        if schedule.rows_per_program is None and schedule.num_warps is None and v.traits.schedules:
-            tuned = tuned_schedule(v.traits.schedules, op_kind(flavour, scale is not None), d, x.element_size())
-            if tuned is not None:
-                schedule = tuned._replace(**{f: val for f, val in schedule._asdict().items() if val is not None})
+        kind = op_kind(flavour, scale is not None)
+        schedule = table_schedule(v.traits.schedules, kind, d, x.element_size(), v.schedule)
         tile, factor, r, warps = exact_schedule(m, d, flavour, v.numerics, schedule)
         if flavour == "torch":
             align = TORCH_VEC * x.element_size()
@@ -448,6 +453,7 @@ __all__ = [
     "plan",
     "rows_of",
     "schedule_table",
+    "table_schedule",
     "tuned_schedule",
     "use_pdl",
 ]

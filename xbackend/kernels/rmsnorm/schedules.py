@@ -61,3 +61,14 @@ def tuned_schedule(table: tuple[ScheduleEntry, ...], op: str, d: int, itemsize: 
         if e.op == op and e.itemsize == itemsize and e.d_min <= d <= e.d_max:
             return e.schedule
     return None
+
+
+def table_schedule(table: tuple[ScheduleEntry, ...], op: str, d: int, itemsize: int, schedule: Schedule) -> Schedule:
+    """The schedule a launch of ``op`` on D-element rows runs: the table's entry where ``schedule`` sets
+    neither rows_per_program nor num_warps (its other fields, where set, still win), else ``schedule``."""
+    if schedule.rows_per_program is not None or schedule.num_warps is not None or not table:
+        return schedule
+    tuned = tuned_schedule(table, op, d, itemsize)
+    if tuned is None:
+        return schedule
+    return tuned._replace(**{f: v for f, v in schedule._asdict().items() if v is not None})
