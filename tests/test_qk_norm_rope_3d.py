@@ -97,6 +97,8 @@ def test_empty_input_no_weights_and_scale_rounding() -> None:
         ({"q": torch.randn(1, 3, 4, 5, 2, 12), "k": torch.randn(1, 3, 4, 5, 2, 12)}, ValueError, r"argument 'q' expected a head_dim that is a positive multiple of 8"),
         ({"k": torch.randn(1, 3, 4, 5, 2, 16, dtype=torch.float64)}, TypeError, r"argument 'k' expected dtype"),
         ({"q_weight": torch.randn(15)}, ValueError, r"argument 'q_weight' expected shape \[16\] \(head_dim of 'q'\)"),
+        ({"q_scale": "0.5"}, TypeError, r"qk_norm_rope_3d: argument 'q_scale' expected a float, got str"),
+        ({"q_scale": float("nan")}, ValueError, r"qk_norm_rope_3d: argument 'q_scale' expected a number, got nan"),
         ({"base": 0.0}, ValueError, r"argument 'base' expected a positive RoPE base, got 0.0"),
         ({"flavour": "apex"}, ValueError, r"argument 'flavour' expected 'torch' or 'diffusers', got 'apex'"),
         ({"eps": -1.0}, ValueError, r"argument 'eps'"),
