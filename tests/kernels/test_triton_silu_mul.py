@@ -53,7 +53,13 @@ def _interpreter_model(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(out).reshape(gate.shape)
 
 
-def _assert_close_to_eager(out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ulps: int = 4) -> None:
+# numpy's exp against CPU eager's vectorised exp, each then rounded through the division, the dtype cast
+# and the product: fp32 measured at most 6 ulp over 48M random gates (scales 1..60), fp16 at most 2.
+EAGER_ULPS = {torch.float32: 8, torch.float16: 4, torch.bfloat16: 4}
+
+
+def _assert_close_to_eager(out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ulps: int | None = None) -> None:
+    ulps = EAGER_ULPS[gate.dtype] if ulps is None else ulps
     ref = reference(gate, up)
     assert out.dtype == ref.dtype and out.shape == ref.shape and out.is_contiguous()
     finite = ref.isfinite()
@@ -83,7 +89,7 @@ def test_interpreter_runs_the_kernels_steps(shape, block: int, dtype: torch.dtyp
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_interpreter_row_path_matches_the_flat_path(dtype: torch.dtype) -> None:
-    fused = (torch.randn(3, 7, 2 * 96) * 4).to(dtype)  # gate and up: the two halves of one projection
+    fused, _ = _inputs((3, 7, 2 * 96), dtype)  # gate and up: the two halves of one projection
     gate, up = fused.chunk(2, dim=-1)
     assert not gate.is_contiguous() and K.supports(gate, up) is None
     assert isinstance(K._plan(gate, up, K.BLOCK, K.NUM_WARPS), K._RowsPlan)
@@ -91,8 +97,8 @@ def test_interpreter_row_path_matches_the_flat_path(dtype: torch.dtype) -> None:
     assert torch.equal(out, K.silu_mul(gate.contiguous(), up.contiguous()))
     _assert_close_to_eager(out, gate, up)
     wide = torch.zeros(5, 40, dtype=dtype)  # padded rows for gate only, D not a power of two
-    wide[:, :33] = (torch.randn(5, 33) * 4).to(dtype)
-    g, u = wide[:, :33], torch.randn(5, 33).to(dtype)
+    wide[:, :33], u = _inputs((5, 33), dtype, seed=1)
+    g = wide[:, :33]
     assert torch.equal(K.silu_mul(g, u), K.silu_mul(g.contiguous(), u))
 
 
