@@ -18,28 +18,32 @@ from xbackend.kernels import na_flex, na_tiled_sdpa
 Case = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]
 
 
-def _axis_allowed(length: int, kernel: int, dilation: int, causal: bool) -> torch.Tensor:
+def _axis_allowed(length: int, kernel: int, dilation: int, causal: bool, stride: int = 1) -> torch.Tensor:
     """[L, L] bool: key j is in the window of query i along one axis (the op's rule, literally)."""
     allowed = torch.zeros(length, length, dtype=torch.bool)
     for i in range(length):
         g, m = i % dilation, i // dilation
         glen = len(range(g, length, dilation))
+        first = (m // stride) * stride  # the first query of m's stride group
         if causal:
-            lo, hi = max(m - kernel + 1, 0), m + 1
+            leader = min(first + stride - 1, glen - 1)
+            lo, hi = max(leader - kernel + 1, 0), m + 1
         else:
-            lo = min(max(m - kernel // 2, 0), glen - kernel)
+            leader = min(first + stride // 2, glen - 1)
+            lo = min(max(leader - kernel // 2, 0), glen - kernel)
             hi = lo + kernel
         for mj in range(lo, hi):
             allowed[i, g + mj * dilation] = True
     return allowed
 
 
-def reference(q, k, v, kernel_size, dilation, is_causal, scale=None) -> torch.Tensor:
+def reference(q, k, v, kernel_size, dilation, is_causal, scale=None, stride=None) -> torch.Tensor:
     spatial = q.shape[1:-2]
     n = len(spatial)
+    stride = stride or (1,) * n
     mask = None
     for a, length in enumerate(spatial):
-        m = _axis_allowed(length, kernel_size[a], dilation[a], is_causal[a])
+        m = _axis_allowed(length, kernel_size[a], dilation[a], is_causal[a], stride[a])
         shape = [1] * (2 * n)
         shape[a], shape[n + a] = length, length
         m = m.view(shape)
@@ -303,6 +307,35 @@ def triton_interpreter_head_dim_errors(head_dim: int) -> list[tuple[str, str, fl
     return rows
 
 
+# Strided windows: (spatial, kernel, dilation, causal, stride, tiles). Stride = kernel (blocks), a
+# stride that does not divide the tile (3 against 4- and 8-wide tiles), with dilation and causal axes.
+_INTERP_STRIDE_CASES = [
+    ((40,), (8,), (1,), (False,), (8,), ((1, 1, 16), (1, 1, 16))),
+    ((40,), (7,), (1,), (True,), (3,), ((1, 1, 16), (1, 1, 16))),
+    ((9, 11), (3, 5), (2, 1), (True, False), (2, 3), ((1, 4, 4), (1, 2, 8))),
+    ((5, 6, 7), (3, 3, 5), (1, 2, 1), (False, False, True), (3, 1, 5), ((2, 2, 4), (1, 4, 4))),
+    ((6, 8, 9), (3, 4, 3), (1, 1, 3), (False, True, False), (3, 4, 2), None),
+]
+
+
+def triton_interpreter_stride_errors() -> list[tuple[str, str, float]]:
+    """(case, dtype, rel error) of na_triton with strided windows vs the reference; needs
+    TRITON_INTERPRET=1 at import."""
+    _patch_triton_interpreter_index()
+    from xbackend.kernels import na_triton
+
+    rows = []
+    for spatial, kernel, dil, causal, stride, tiles in _INTERP_STRIDE_CASES:
+        config = None if tiles is None else na_triton.NAConfig(tiles[0], tiles[1], 4, 1)
+        for dtype in (torch.float16, torch.float32):
+            q, k, v = make_qkv(spatial, 2, 16, dtype, seed=11)
+            ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal, None, stride)
+            out = torch.full_like(q, float("nan"))
+            na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride, config=config, out=out)
+            rows.append((f"{spatial} k{kernel} d{dil} c{causal} s{stride}", str(dtype), rel_err(out, ref)))
+    return rows
+
+
 def _interpreted(name: str, *args: object) -> list:
     """``name(*args)`` of this module with Triton's interpreter: here when TRITON_INTERPRET=1 (the
     repository conftest sets it on a host without CUDA), else in a fresh process (the interpreter is
@@ -341,6 +374,70 @@ def test_triton_interpreter_head_dims(head_dim: int):
         assert untouched, (head_dim, case, dtype, "a store wrote past head_dim")
 
 
+def test_triton_interpreter_strided_windows():
+    rows = _interpreted("triton_interpreter_stride_errors")
+    assert len(rows) == 2 * len(_INTERP_STRIDE_CASES)
+    for case, dtype, err in rows:
+        assert err < (1e-5 if dtype == "torch.float32" else 2e-3), (case, dtype, err)
+
+
+def test_strided_reference_rule_matches_the_op_reference():
+    """The literal per-position rule here and the op's vectorised axis_windows agree on every axis
+    shape the strided tests use, so each checks the other."""
+    from xbackend.ops.neighborhood_attention import axis_windows
+
+    for length in (5, 9, 12, 20):
+        for kernel in range(1, min(length, 8) + 1):
+            for dil in (1, 2, 3):
+                if kernel * dil > length:
+                    continue
+                for stride in range(1, kernel + 1):
+                    for causal in (False, True):
+                        idx, ok = axis_windows(length, kernel, dil, causal, torch.device("cpu"), stride)
+                        table = torch.zeros(length, length, dtype=torch.bool)
+                        rows = torch.arange(length)[:, None].expand_as(idx)
+                        table[rows[ok], idx[ok]] = True
+                        assert torch.equal(table, _axis_allowed(length, kernel, dil, causal, stride)), \
+                            (length, kernel, dil, causal, stride)
+
+
+def test_visited_pairs_is_the_union_of_each_tiles_windows():
+    """visited_pairs (the benchmark's computed-FLOP count) against key boxes built from the op
+    reference's windows: per axis and dilation group, each Q tile visits the span of its queries'
+    valid keys, rounded up to whole KV blocks, for all its (padded) rows."""
+    from xbackend.kernels.na_triton import NAConfig, visited_pairs
+    from xbackend.ops.neighborhood_attention import axis_windows
+
+    def expected(spatial, kernel, dil, causal, stride, config):
+        pad = 3 - len(spatial)
+        total = 1
+        for a, (length, ks, d, c, s) in enumerate(zip(spatial, kernel, dil, causal, stride, strict=True)):
+            tq, tk = config.q_tile[pad + a], config.kv_tile[pad + a]
+            idx, ok = axis_windows(length, ks, d, c, torch.device("cpu"), s)
+            per_axis = 0
+            for g in range(d):
+                queries = list(range(g, length, d))
+                for first in range(0, len(queries), tq):
+                    keys = torch.cat([idx[i][ok[i]] for i in queries[first : first + tq]]) // d
+                    box = int(keys.max() - keys.min()) + 1
+                    per_axis += tq * -(-box // tk) * tk
+            total *= per_axis
+        return total
+
+    cases = [
+        ((40,), (7,), (1,), (False,), (1,), NAConfig((1, 1, 16), (1, 1, 16), 4, 1)),
+        ((40,), (8,), (1,), (False,), (8,), NAConfig((1, 1, 8), (1, 1, 8), 4, 1)),
+        ((9, 11), (3, 5), (2, 1), (True, False), (2, 3), NAConfig((1, 4, 4), (1, 2, 8), 4, 1)),
+        ((13, 12, 17), (3, 3, 5), (2, 3, 1), (True, False, False), (3, 2, 5), NAConfig((2, 4, 8), (1, 4, 16), 4, 3)),
+        ((30, 48, 80), (18, 24, 24), (1, 1, 1), (False,) * 3, (1, 1, 1), NAConfig((2, 4, 8), (1, 2, 32), 4, 3)),
+    ]
+    for spatial, kernel, dil, causal, stride, config in cases:
+        got = visited_pairs(spatial, kernel, dil, causal, stride, config)
+        assert got == expected(spatial, kernel, dil, causal, stride, config), (spatial, kernel, stride)
+    # Blocks of 8 with 8-wide tiles: no key the kernel visits is outside its query's window.
+    assert visited_pairs((40,), (8,), (1,), (False,), (8,), NAConfig((1, 1, 8), (1, 1, 8), 4, 1)) == 40 * 8
+
+
 def test_triton_config_choice():
     from xbackend.kernels.na_triton import choose_config
 
@@ -350,6 +447,17 @@ def test_triton_config_choice():
     # A problem smaller than one tile still gets a config (padded), never an error.
     tiny = choose_config((1, 2, 3), (1, 1, 3), (1, 1, 1), 64)
     assert math.prod(tiny.q_tile) == 64 and math.prod(tiny.kv_tile) == 64
+    # Stride = kernel size (blocked attention): each Q tile sits inside one block, so its key box is the
+    # block itself and every key the kernel visits is in every query's window.
+    from xbackend.kernels.na_triton import leader_span
+
+    spatial, kernel = (32, 48, 80), (8, 16, 16)
+    blocked = choose_config(spatial, kernel, (1, 1, 1), 128, stride=kernel)
+    assert all(k % t == 0 for k, t in zip(kernel, blocked.q_tile, strict=True))
+    assert all(k % t == 0 for k, t in zip(kernel, blocked.kv_tile, strict=True))
+    assert [min(k + leader_span(t, k), n) for k, t, n in zip(kernel, blocked.q_tile, spatial, strict=True)] == [8, 16, 16]
+    assert [leader_span(t, 1) for t in (1, 2, 16)] == [0, 1, 15]  # stride 1: the model of plain NA
+    assert leader_span(2, 3) == 3 and leader_span(4, 4) == 0 and leader_span(8, 3) == 9
     # 80 and 96 run padded to 128 (128's shared memory and tensor-core work): they get 128's config.
     for args in [((30, 48, 80), (18, 24, 24), (1, 1, 1)), ((21, 30, 22), (5, 7, 3), (2, 3, 1))]:
         for head_dim in (80, 96):
@@ -427,6 +535,27 @@ def test_triton_gpu_head_dims_gapped(head_dim: int, dtype: torch.dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_gpu_strided_windows(head_dim: int, dtype: torch.dtype):
+    from xbackend.kernels import na_triton
+
+    cases = [
+        ((256,), (16,), (1,), (False,), (16,)),  # blocks
+        ((33, 47), (7, 9), (1, 2), (False, True), (3, 4)),
+        ((13, 12, 17), (5, 4, 7), (1, 1, 1), (False, False, False), (5, 4, 7)),  # blocks, ragged axes
+        ((21, 30, 22), (5, 7, 3), (2, 3, 1), (True, False, False), (2, 7, 3)),
+        ((16, 32, 32), (8, 8, 8), (1, 1, 1), (False, False, False), (4, 4, 8)),
+    ]
+    for spatial, kernel, dil, causal, stride in cases:
+        q, k, v = make_qkv(spatial, 3, head_dim, dtype, seed=12, device="cuda")
+        assert na_triton.supports(q, k, v, kernel, dil, causal, None, stride) is None
+        ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal, None, stride)
+        out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride)
+        assert rel_err(out, ref) < 5e-3, (spatial, kernel, dil, causal, stride)
+
+
+@pytest.mark.gpu
 def test_triton_gpu_strided_inputs():
     from xbackend.kernels import na_triton
 
@@ -496,5 +625,5 @@ def test_strided_windows_in_tiled_sdpa_and_flex(spatial, kernel, dil, causal, st
     flex = na_flex.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride,
                                           tile=FLEX_TILES[len(spatial)], compiled=False)
     assert rel_err(tiled, ref) < 1e-5 and rel_err(flex, ref) < 1e-5
-    assert na_triton.supports(q.to("meta"), k.to("meta"), v.to("meta"), kernel, dil, causal, None, stride) == \
-        "strided windows (stride > 1) are not in this kernel"
+    half = torch.empty(*q.shape[:-1], 64, dtype=torch.bfloat16, device="meta")
+    assert na_triton.supports(half, half, half, kernel, dil, causal, None, stride) is None

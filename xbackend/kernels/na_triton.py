@@ -17,13 +17,18 @@ fp32; bf16/fp16 operands on the tensor cores.
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
   program works on one group: stride times ``d``, base offset ``g``, group length
   ``ceil((L - g) / d)``.
+* Stride (strided NA): queries grouped by ``stride`` share their group leader's window, so the
+  window bounds stay monotone in the query and the key box of a tile is still its first query's start
+  to its last query's end. The leader is one integer divide per row, before the KV loop; stride 1
+  is a compile-time constant that folds it away (the stride-1 kernel is the same code as without
+  stride). A Q tile that covers whole stride groups of ``stride = kernel_size`` sees one dense window.
 * Head dims that are not a power of two (80, 96) run padded to the next one (``HEAD_PAD`` = 128):
   q/k/v loads are masked along the head dim with zero fill and the store masks the pad columns off,
   while strides and pointer math use the real ``HEAD_DIM``. Shared memory and tensor-core work are
   those of head_dim 128, and so is the launch config. For 32, 64 and 128 (``HEAD_PAD == HEAD_DIM``)
   the masks are not generated.
 
-Limits (``supports``): CUDA, bf16/fp16, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
+Limits (``supports``): CUDA, bf16/fp16, any stride the op accepts, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
 contiguous, tensors under 2**31 elements (offsets within a batch are 32-bit).
 
 H200 (lab/gpu/neighborhood_attention.py): 255-261 useful TFLOP/s at (30,48,80) / 24x128 / window (18,24,24), 4.7x dense
@@ -40,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "neighborhood_attention", "supports"]
+__all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "leader_span", "neighborhood_attention", "supports", "visited_pairs"]
 
 _LOG2E = 1.4426950408889634
 
@@ -50,19 +55,35 @@ HEAD_DIMS = (32, 64, 80, 96, 128)
 
 
 @triton.jit
-def _win_start(m, n, ks, CAUSAL: tl.constexpr):
-    if CAUSAL:
-        return tl.maximum(m - ks + 1, 0)
+def _leader(m, n, S: tl.constexpr, CAUSAL: tl.constexpr):
+    """The query whose window query ``m`` shares: queries ``[S*j, S*j + S)`` share their group's middle
+    one (causal: its last one), clamped to the axis end. ``S == 1`` is ``m`` itself, folded at compile."""
+    if S == 1:
+        return m
     else:
-        return tl.minimum(tl.maximum(m - ks // 2, 0), n - ks)
+        if CAUSAL:
+            return tl.minimum((m // S) * S + (S - 1), n - 1)
+        else:
+            return tl.minimum((m // S) * S + S // 2, n - 1)
 
 
 @triton.jit
-def _win_end(m, n, ks, CAUSAL: tl.constexpr):
+def _win_start(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
+    c = _leader(m, n, S, CAUSAL)
     if CAUSAL:
+        return tl.maximum(c - ks + 1, 0)
+    else:
+        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks)
+
+
+@triton.jit
+def _win_end(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
+    if CAUSAL:
+        # Causal: the leader's window, cut at the query itself (never past its own position).
         return m + 1
     else:
-        return tl.minimum(tl.maximum(m - ks // 2, 0), n - ks) + ks
+        c = _leader(m, n, S, CAUSAL)
+        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks) + ks
 
 
 @triton.jit
@@ -95,6 +116,7 @@ def _na_fwd_kernel(
     n_heads,
     qk_scale,
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+    STRIDE0: tl.constexpr, STRIDE1: tl.constexpr, STRIDE2: tl.constexpr,
     TQ0: tl.constexpr, TQ1: tl.constexpr, TQ2: tl.constexpr,
     TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -130,18 +152,18 @@ def _na_fwd_kernel(
     z1 = tl.minimum(a1 + TQ1, N1) - 1
     z2 = tl.minimum(a2 + TQ2, N2) - 1
     # Key box = union of the tile's windows; inner box = their intersection (no mask needed there).
-    lo0 = _win_start(a0, N0, KS0, CAUSAL0)
-    lo1 = _win_start(a1, N1, KS1, CAUSAL1)
-    lo2 = _win_start(a2, N2, KS2, CAUSAL2)
-    hi0 = _win_end(z0, N0, KS0, CAUSAL0)
-    hi1 = _win_end(z1, N1, KS1, CAUSAL1)
-    hi2 = _win_end(z2, N2, KS2, CAUSAL2)
-    in_lo0 = _win_start(z0, N0, KS0, CAUSAL0)
-    in_lo1 = _win_start(z1, N1, KS1, CAUSAL1)
-    in_lo2 = _win_start(z2, N2, KS2, CAUSAL2)
-    in_hi0 = _win_end(a0, N0, KS0, CAUSAL0)
-    in_hi1 = _win_end(a1, N1, KS1, CAUSAL1)
-    in_hi2 = _win_end(a2, N2, KS2, CAUSAL2)
+    lo0 = _win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
+    lo1 = _win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
+    lo2 = _win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
+    hi0 = _win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
+    hi1 = _win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
+    hi2 = _win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
+    in_lo0 = _win_start(z0, N0, KS0, STRIDE0, CAUSAL0)
+    in_lo1 = _win_start(z1, N1, KS1, STRIDE1, CAUSAL1)
+    in_lo2 = _win_start(z2, N2, KS2, STRIDE2, CAUSAL2)
+    in_hi0 = _win_end(a0, N0, KS0, STRIDE0, CAUSAL0)
+    in_hi1 = _win_end(a1, N1, KS1, STRIDE1, CAUSAL1)
+    in_hi2 = _win_end(a2, N2, KS2, STRIDE2, CAUSAL2)
 
     offs_m = tl.arange(0, BLOCK_M)
     m0 = a0 + offs_m // (TQ1 * TQ2)
@@ -152,12 +174,12 @@ def _na_fwd_kernel(
     m0 = tl.minimum(m0, N0 - 1)
     m1 = tl.minimum(m1, N1 - 1)
     m2 = tl.minimum(m2, N2 - 1)
-    qs0 = _win_start(m0, N0, KS0, CAUSAL0)
-    qs1 = _win_start(m1, N1, KS1, CAUSAL1)
-    qs2 = _win_start(m2, N2, KS2, CAUSAL2)
-    qe0 = _win_end(m0, N0, KS0, CAUSAL0)
-    qe1 = _win_end(m1, N1, KS1, CAUSAL1)
-    qe2 = _win_end(m2, N2, KS2, CAUSAL2)
+    qs0 = _win_start(m0, N0, KS0, STRIDE0, CAUSAL0)
+    qs1 = _win_start(m1, N1, KS1, STRIDE1, CAUSAL1)
+    qs2 = _win_start(m2, N2, KS2, STRIDE2, CAUSAL2)
+    qe0 = _win_end(m0, N0, KS0, STRIDE0, CAUSAL0)
+    qe1 = _win_end(m1, N1, KS1, STRIDE1, CAUSAL1)
+    qe2 = _win_end(m2, N2, KS2, STRIDE2, CAUSAL2)
 
     # HEAD_PAD: HEAD_DIM rounded up to a power of two (block shapes must be). Where they differ, loads
     # fill the pad columns with zeros (they add nothing to q.k; p.v's pad columns are not stored).
@@ -270,6 +292,52 @@ def _shapes(total: int, limits: tuple[int, ...]) -> list[tuple[int, int, int]]:
     return fits or shapes
 
 
+def leader_span(tile: int, stride: int) -> int:
+    """Largest distance between the group leaders of the first and last query of a ``tile``-wide Q
+    tile (tiles start at multiples of ``tile``; leaders sit at the same offset in every stride group,
+    so the span is ``stride`` times the most group boundaries one tile crosses). ``tile - 1`` at
+    stride 1."""
+    period = stride // math.gcd(tile, stride)  # tile offsets modulo stride repeat after this many tiles
+    return stride * max((i * tile + tile - 1) // stride - (i * tile) // stride for i in range(period))
+
+
+def _window(m: int, n: int, ks: int, s: int, causal: bool) -> tuple[int, int]:
+    """Keys ``[start, end)`` of group position ``m`` on one axis: ``_win_start``/``_win_end`` in Python."""
+    first = (m // s) * s
+    leader = min(first + (s - 1 if causal else s // 2), n - 1)
+    if causal:
+        return max(leader - ks + 1, 0), m + 1
+    start = min(max(leader - ks // 2, 0), n - ks)
+    return start, start + ks
+
+
+def visited_pairs(
+    spatial: tuple[int, ...],
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    stride: tuple[int, ...],
+    config: NAConfig,
+) -> int:
+    """Query-key pairs the kernel computes (q.k and p.v) for one batch and head under ``config``:
+    every program's padded Q tile times its KV blocks, the key box rounded up to whole blocks. The
+    useful pairs are the window sizes summed over queries; the ratio is the fraction of tensor-core
+    work that is wasted on padding and on keys outside a query's window."""
+    axes = zip(_pad3(tuple(spatial), 1), _pad3(tuple(kernel_size), 1), _pad3(tuple(dilation), 1),
+               _pad3(tuple(is_causal), False), _pad3(tuple(stride), 1), config.q_tile, config.kv_tile, strict=True)
+    total = 1
+    for length, ks, dil, causal, s, tq, tk in axes:
+        per_axis = 0
+        for g in range(dil):
+            group_len = -(-(length - g) // dil)
+            for a in range(0, group_len, tq):
+                lo = _window(a, group_len, ks, s, causal)[0]
+                hi = _window(min(a + tq, group_len) - 1, group_len, ks, s, causal)[1]
+                per_axis += tq * -(-(hi - lo) // tk) * tk
+        total *= per_axis
+    return total
+
+
 @functools.lru_cache(maxsize=256)  # milliseconds of Python per call otherwise (measured on the H200 host)
 def choose_config(
     spatial: tuple[int, int, int],
@@ -278,12 +346,14 @@ def choose_config(
     head_dim: int,
     block_m: int | None = None,
     block_n: int = 64,
+    stride: tuple[int, int, int] = (1, 1, 1),
 ) -> NAConfig:
     """Pick Q tile / KV block shapes minimising (padded queries) x (keys visited per query).
 
     Per axis a Q tile of extent t over a group of length n visits a key box of
-    min(k + t - 1, n) positions, rounded up to the KV block extent; queries are padded to whole
-    tiles. The model ignores the mask cost, which grows with the box rim in every shape alike.
+    min(k + leader_span(t, s), n) positions (k + t - 1 at stride 1), rounded up to the KV block
+    extent; queries are padded to whole tiles. The model ignores the mask cost, which grows with the
+    box rim in every shape alike.
 
     ``head_dim`` does not change the pick: every head dim in ``HEAD_DIMS`` gets 4 warps and 3 stages
     at 64-query tiles, and 80 and 96 get what their padded 128 gets. Compiled for sm90 (Triton 3.9),
@@ -296,7 +366,7 @@ def choose_config(
     best: tuple[float, NAConfig] | None = None
     q_limits = tuple(_pow2_le(2 * n - 1) for n in glen)  # smallest power of two covering n
     for tq in _shapes(block_m, q_limits):
-        box = tuple(min(k + t - 1, n) for k, t, n in zip(kernel_size, tq, glen, strict=True))
+        box = tuple(min(k + leader_span(t, s), n) for k, t, s, n in zip(kernel_size, tq, stride, glen, strict=True))
         k_limits = tuple(_pow2_le(2 * bx - 1) for bx in box)
         for tk in _shapes(block_n, k_limits):
             queries = math.prod(-(-n // t) * t for n, t in zip(glen, tq, strict=True))
@@ -325,8 +395,6 @@ def supports(
 ) -> str | None:
     if q.device.type not in ("cuda", "meta"):  # meta: planning for a simulated device
         return "needs a CUDA device"
-    if stride is not None and any(s != 1 for s in stride):
-        return "strided windows (stride > 1) are not in this kernel"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} not supported (bf16/fp16 only)"
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -369,9 +437,8 @@ def neighborhood_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused neighborhood attention forward. Output has q's shape and dtype (contiguous)."""
-    if stride is not None and any(s != 1 for s in stride):
-        raise ValueError(f"na_triton: stride {tuple(stride)} > 1 is not supported (supports() says so)")
     ks = _pad3(tuple(kernel_size), 1)
+    st = _pad3(tuple(stride) if stride is not None else (), 1)
     dil = _pad3(tuple(dilation), 1)
     causal = _pad3(tuple(bool(c) for c in is_causal), False)
     if scale is None:
@@ -381,7 +448,7 @@ def neighborhood_attention(
     q3, k3, v3, o3 = (_as_3d(t) for t in (q, k, v, out))
     batch, s0, s1, s2, heads, head_dim = q3.shape
     if config is None:
-        config = choose_config((s0, s1, s2), ks, dil, head_dim)
+        config = choose_config((s0, s1, s2), ks, dil, head_dim, stride=st)
     tq = config.q_tile
     glen0 = [-(-L // d) for L, d in zip((s0, s1, s2), dil, strict=True)]
     n_tiles = math.prod(-(-n // t) for n, t in zip(glen0, tq, strict=True))
@@ -400,6 +467,7 @@ def neighborhood_attention(
         heads,
         float(scale) * _LOG2E,
         *causal,
+        *st,
         *tq,
         *config.kv_tile,
         HEAD_DIM=head_dim,

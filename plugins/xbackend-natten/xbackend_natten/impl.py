@@ -3,7 +3,8 @@
 NATTEN >= 0.20 takes the same heads-last layout as xbackend (``[B, *spatial, heads, head_dim]``)
 and per-axis ``kernel_size``, ``stride``, ``dilation``, ``is_causal`` and ``scale``; ``backend``
 picks its kernel family (``"blackwell-fna"``, ``"hopper-fna"``, ``"cutlass-fna"``, ``"flex-fna"``;
-None lets NATTEN choose for the device). xbackend's op has no stride, so stride is always 1.
+None lets NATTEN choose for the device). The op's ``stride`` passes through unchanged: queries grouped
+by stride share their group leader's window in both.
 
 Window semantics agree with the op's reference for odd kernel sizes (clamped, inward-shifted
 windows; dilation groups by ``i % d`` with per-group lengths) and for causal axes (the last ``k``
