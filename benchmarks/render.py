@@ -391,6 +391,24 @@ def render_diffvae_decode(run: dict[str, Any], software: dict[str, str]) -> list
             *_table(["kernel family", *(f"`{m}`" for m in names)], prow)]  # fmt: skip
 
 
+def render_na_sol(run: dict[str, Any], software: dict[str, str]) -> list[str]:
+    """benchmarks/na_sol.py's JSON: each case against its speed of light (dense SDPA's rate per useful
+    FLOP), with the share of the kernel's computed query-key pairs that are useful."""
+    data = json.loads(_read(run["data"]))
+    _check_header(run, data["device"], data["torch"], software, run["data"])
+    rows = []
+    for r in data["rows"]:
+        c = r["case"]
+        shape = f"{'×'.join(map(str, c['spatial']))}, {c['heads']} × {c['dim']}, window {'×'.join(map(str, c['kernel']))}"
+        if c.get("stride"):
+            shape += f", stride {'×'.join(map(str, c['stride']))}"
+        rows.append([f"{c['name']} ({shape})", f"`{r['impl']}`", f"{r['ms']:.3f} ms", f"{r['useful_tflops']:.0f}",
+                     f"{r['dense_ms']:.2f} ms", _x(r["flop_ratio"]), f"{r['sol_ms']:.3f} ms", f"**{r['pct_sol']:.0f}%**",
+                     f"{100 * r['triton_useful_of_computed']:.0f}%" if r["impl"].endswith("na_triton") else "–", f"{r['rel_err']:.4f}"])  # fmt: skip
+    return _table(["case", "impl", "time", "useful TFLOP/s", "dense SDPA", "FLOP ratio", "speed of light", "of SOL",
+                   "useful / computed pairs", "rel. error"], rows)  # fmt: skip
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "bench": render_bench,
     "na_quick": render_na_quick,
@@ -400,6 +418,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "example_table": render_example_table,
     "plugin_classify": render_plugin_classify,
     "diffvae_decode": render_diffvae_decode,
+    "na_sol": render_na_sol,
 }
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every `xbackend bench` table of docs/performance.md, on one GPU, from the repository root:
 #   bash benchmarks/run_bench.sh        (outputs in $OUT, default /tmp/xbackend-out)
-# Then the get_op attention timing (benchmarks/na_quick.py) and the GPU environment (versions, clocks).
+# Then the get_op attention timing (benchmarks/na_quick.py), the attention speed-of-light table
+# (benchmarks/na_sol.py) and the GPU environment (versions, clocks).
 source "$(dirname "$0")/_setup.sh"
 XB="python3 -m xbackend.cli"
 {
@@ -17,3 +18,4 @@ cat "$OUT/bench_gated.txt"
 timeout "${NA_TIMEOUT:-120}" $XB bench neighborhood_attention --quick --json "$OUT/bench_na.json" >"$OUT/bench_na.txt" 2>&1
 cat "$OUT/bench_na.txt"
 timeout "${NA_TIMEOUT:-120}" python3 benchmarks/na_quick.py 2>&1 | tee "$OUT/na_quick.txt"
+timeout "${SOL_TIMEOUT:-240}" python3 benchmarks/na_sol.py --out "$OUT/na_sol.json" 2>&1 | tee "$OUT/na_sol.txt"

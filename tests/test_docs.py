@@ -278,3 +278,24 @@ def test_no_module_of_the_package_is_over_500_lines() -> None:
     root = Path(__file__).resolve().parents[1] / "xbackend"
     long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
     assert not long, f"split these modules (one idea each): {long}"
+
+
+def test_na_sol_benchmark_runs_and_renders(tmp_path: Path) -> None:
+    """benchmarks/na_sol.py's CPU smoke mode writes the JSON its renderer reads: the script and the
+    ``na_sol`` renderer stay in step before a GPU run publishes a table."""
+    import subprocess
+
+    import torch
+
+    out = tmp_path / "na_sol.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "na_sol.py"), "--smoke", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(res.stdout.strip().splitlines()) == 2  # one line per case
+    run = {"id": "smoke", "data": str(out), "hardware": "cpu"}
+    table = _render_module().render_na_sol(run, {"torch": torch.__version__})
+    assert len(table) == 4 and table[0].startswith("| case | impl | time |")
+    assert "stride 3×2×4" in table[3] and table[3].count("|") == table[0].count("|")
+    data = json.loads(out.read_text())
+    assert 0 < data["rows"][1]["triton_useful_of_computed"] <= 1
+    assert all(r["rel_err"] < 0.005 for r in data["rows"])
