@@ -68,6 +68,19 @@ def test_neighborhood_attention_fused_kernel_on_sm90(rows):
     assert r["kernel"] == "_na_fwd_kernel" and r["registers"] > 0 and r["shared_bytes"] > 0
 
 
+def test_strided_neighborhood_attention_compiles_on_sm90():
+    """The catalogue's strided input (stride (2, 4, 8)): its own specialisation of the fused kernel,
+    compiled for sm90 without spills."""
+    from xbackend.fleet.catalogue import catalogue
+
+    (index,) = [i for i, s in enumerate(catalogue("neighborhood_attention")) if " s2x4x8" in s.label]
+    rows = fc.compile_target("h200", simulated("h200"), [_plan("neighborhood_attention", "cuda:na_triton")],
+                             shapes=[index])
+    (row,) = rows
+    assert row["status"] == "ok" and row["kernel"] == "_na_fwd_kernel" and row["problem"] == "", row
+    assert row["spill_bytes"] == 0 and row["registers"] > 0 and "s2x4x8" in row["shape"]
+
+
 def test_vendor_configs_come_from_each_vendors_launch_code(rows):
     # [1, 32640, 4096] torch-flavour RMSNorm: the CUDA launch takes 2 rows per 8-warp program (tuned on
     # the H200) with PDL; the ROCm numerics run one row per program (1024 threads, wave64).

@@ -98,13 +98,18 @@ def _qk_split(rows: int, heads: int, head_dim: int, label: str) -> Shape:
     return Shape(f"{label} [1,{rows},{d}] torch split h{heads}", make)
 
 
-def _na(spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...], label: str) -> Shape:
+def _na(spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...], label: str,
+        stride: tuple[int, ...] | None = None) -> Shape:  # fmt: skip
+    n = len(spatial)
+    strides = stride or (1,) * n
+
     def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
         q = _t((1, *spatial, heads, dim), dtype, device)
-        n = len(spatial)
-        return (q, _t(q.shape, dtype, device), _t(q.shape, dtype, device), window, (1,) * n, (False,) * n, None)
+        return (q, _t(q.shape, dtype, device), _t(q.shape, dtype, device), window, (1,) * n, (False,) * n, None,
+                strides)  # fmt: skip
 
-    return Shape(f"{label} {'x'.join(map(str, spatial))} h{heads} d{dim} w{'x'.join(map(str, window))}", make)
+    tail = f" s{'x'.join(map(str, stride))}" if stride else ""
+    return Shape(f"{label} {'x'.join(map(str, spatial))} h{heads} d{dim} w{'x'.join(map(str, window))}{tail}", make)
 
 
 CATALOGUES: dict[str, tuple[Shape, ...]] = {
@@ -147,6 +152,7 @@ CATALOGUES: dict[str, tuple[Shape, ...]] = {
         _na((40, 96, 96), 4, 64, (11, 11, 11), "diffvae stage 5"),
         _na((30, 48, 80), 24, 128, (18, 24, 24), "video dit"),
         _na((128, 128), 4, 64, (13, 13), "2-d"),
+        _na((30, 48, 80), 24, 128, (18, 24, 24), "video dit strided", (2, 4, 8)),
     ),
 }
 
