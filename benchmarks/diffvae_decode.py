@@ -41,7 +41,7 @@ FAMILIES = [
     ("elementwise mul", r"MulFunctor|mul_"),
     ("cat / stack", r"CatArray|cat_"),
     ("copy / cast", r"copy|direct_copy|CopyKernel"),
-    ("add / sub", r"AddFunctor|add_|sub"),
+    ("add / sub", r"CUDAFunctor_add|AddFunctor|add_|sub"),  # torch's binary add: CUDAFunctor_add
     ("silu", r"silu"),
     ("reduce (mean, norm)", r"reduce|Reduce"),
 ]
