@@ -197,13 +197,14 @@ def test_the_kit_catches_a_single_rounding() -> None:
 def test_triton_kernel_passes_the_kit_under_the_interpreter() -> None:
     """The Triton kernel (interpreted on CPU: numpy's exp, a truncating bf16 cast) through every case:
     supports() answers, accepted cases run without writing an input, repeat bit for bit, pass opcheck
-    and compile; values within 4 ulp of CPU eager (the GPU tests prove bit-identity with CUDA eager)."""
+    and compile; values within 8 ulp of CPU eager, whose vectorised exp differs from numpy's by up to 6
+    ulp in fp32 on some CPUs (the GPU tests prove bit-identity with CUDA eager)."""
     pytest.importorskip("triton")
     from xbackend.kernels import triton_silu_mul as K
 
     if K._LIBDEVICE:
         pytest.skip("Triton kernels are compiled here (a GPU is visible): the GPU tests run this kernel")
-    failures, ran = _check(_plugin("triton", K.silu_mul, xbackend.ulp(4), K.supports))
+    failures, ran = _check(_plugin("triton", K.silu_mul, xbackend.ulp(8), K.supports))
     assert failures == []
     cases = mod.cases(torch.float32, torch.device("cpu"), False)
     rejected = {c.name for c in cases if K.supports(*c.args) is not None}
