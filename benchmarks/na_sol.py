@@ -148,7 +148,8 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
     # na_triton's tiling for this case (what it computes when it is the impl that ran).
     n = len(case.spatial)
     lead = (1,) * (3 - n)
-    cfg = na_triton.choose_config(lead + case.spatial, lead + case.kernel, (1, 1, 1), case.dim, stride=lead + args[7])
+    cfg = na_triton.choose_config(lead + case.spatial, lead + case.kernel, (1, 1, 1), case.dim, stride=lead + args[7],
+                                  is_causal=(False,) * (3 - n) + args[5])
     computed = na_triton.visited_pairs(case.spatial, case.kernel, args[4], args[5], args[7], cfg)
     row.update(triton_useful_of_computed=pairs / computed, q_tile=cfg.q_tile, kv_tile=cfg.kv_tile)
     return row

@@ -34,7 +34,7 @@ def ranked(case: Case, block: int = 64) -> tuple[K.NAConfig, list[tuple[float, K
     spatial, kernel = lead + case.spatial, lead + case.kernel
     stride = lead + (case.stride or (1,) * n)
     causal = case.causal or (False,) * n
-    chosen = K.choose_config(spatial, kernel, (1, 1, 1), case.dim, stride=stride)
+    chosen = K.choose_config(spatial, kernel, (1, 1, 1), case.dim, stride=stride, is_causal=(False,) * (3 - n) + causal)
     pairs = useful_pairs(case)
     q_limits = tuple(K._pow2_le(2 * s - 1) for s in spatial)
     out = []

@@ -7,6 +7,7 @@ N x N mask and fed to an fp32 softmax. Sizes are tiny so N x N is cheap on a CPU
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -458,6 +459,16 @@ def test_triton_config_choice():
     assert [min(k + leader_span(t, k), n) for k, t, n in zip(kernel, blocked.q_tile, spatial, strict=True)] == [8, 16, 16]
     assert [leader_span(t, 1) for t in (1, 2, 16)] == [0, 1, 15]  # stride 1: the model of plain NA
     assert leader_span(2, 3) == 3 and leader_span(4, 4) == 0 and leader_span(8, 3) == 9
+    # Stride > 1: the pick computes the fewest query-key pairs of all 64 x 64 tile shapes.
+    from xbackend.kernels.na_triton import NAConfig, visited_pairs
+
+    triples = [(1 << a, 1 << b, 1 << (6 - a - b)) for a in range(7) for b in range(7 - a)]
+    for spatial, kernel, stride, causal in [((1, 128, 128), (1, 13, 13), (1, 13, 13), (False,) * 3),
+                                            ((16, 64, 112), (9, 15, 15), (3, 5, 5), (True, False, False)),
+                                            ((30, 48, 80), (18, 24, 24), (2, 4, 8), (False,) * 3)]:
+        pick = choose_config(spatial, kernel, (1, 1, 1), 128, stride=stride, is_causal=causal)
+        count = functools.partial(visited_pairs, spatial, kernel, (1, 1, 1), causal, stride)
+        assert count(pick) == min(count(NAConfig(tq, tk, 4, 3)) for tq in triples for tk in triples), spatial
     # 80 and 96 run padded to 128 (128's shared memory and tensor-core work): they get 128's config.
     for args in [((30, 48, 80), (18, 24, 24), (1, 1, 1)), ((21, 30, 22), (5, 7, 3), (2, 3, 1))]:
         for head_dim in (80, 96):

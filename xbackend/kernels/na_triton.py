@@ -348,13 +348,15 @@ def choose_config(
     block_m: int | None = None,
     block_n: int = 64,
     stride: tuple[int, int, int] = (1, 1, 1),
+    is_causal: tuple[bool, bool, bool] = (False, False, False),
 ) -> NAConfig:
     """Pick Q tile / KV block shapes minimising (padded queries) x (keys visited per query).
 
-    Per axis a Q tile of extent t over a group of length n visits a key box of
-    min(k + leader_span(t, s), n) positions (k + t - 1 at stride 1), rounded up to the KV block
-    extent; queries are padded to whole tiles. The model ignores the mask cost, which grows with the
-    box rim in every shape alike.
+    Stride 1 (the H200-measured picks): per axis a Q tile of extent t over a group of length n visits a
+    key box of at most min(k + t - 1, n) positions, rounded up to the KV block extent; queries are
+    padded to whole tiles. Stride > 1: the exact count of computed pairs (``visited_pairs``), since a
+    tile's box there depends on where it falls against the stride groups (``leader_span`` bounds it).
+    Neither model counts the mask cost, which grows with the box rim in every shape alike.
 
     ``head_dim`` does not change the pick: every head dim in ``HEAD_DIMS`` gets 4 warps and 3 stages
     at 64-query tiles, and 80 and 96 get what their padded 128 gets. Compiled for sm90 (Triton 3.9),
@@ -365,15 +367,19 @@ def choose_config(
         # H200: 64-query tiles with 4 warps beat 128/8 at d=128 too (smaller key box per query).
         block_m = 64
     best: tuple[float, NAConfig] | None = None
+    strided = any(s > 1 for s in stride)
     q_limits = tuple(_pow2_le(2 * n - 1) for n in glen)  # smallest power of two covering n
     for tq in _shapes(block_m, q_limits):
         box = tuple(min(k + leader_span(t, s), n) for k, t, s, n in zip(kernel_size, tq, stride, glen, strict=True))
         k_limits = tuple(_pow2_le(2 * bx - 1) for bx in box)
         for tk in _shapes(block_n, k_limits):
-            queries = math.prod(-(-n // t) * t for n, t in zip(glen, tq, strict=True))
-            keys = math.prod(-(-bx // t) * t for bx, t in zip(box, tk, strict=True))
-            score = queries * keys
             cfg = NAConfig(tq, tk, 4 if block_m <= 64 else 8, 3)
+            if strided:
+                score = visited_pairs(spatial, kernel_size, dilation, is_causal, stride, cfg)
+            else:
+                queries = math.prod(-(-n // t) * t for n, t in zip(glen, tq, strict=True))
+                keys = math.prod(-(-bx // t) * t for bx, t in zip(box, tk, strict=True))
+                score = queries * keys
             if best is None or score < best[0]:
                 best = (score, cfg)
     if best is None:
@@ -449,7 +455,7 @@ def neighborhood_attention(
     q3, k3, v3, o3 = (_as_3d(t) for t in (q, k, v, out))
     batch, s0, s1, s2, heads, head_dim = q3.shape
     if config is None:
-        config = choose_config((s0, s1, s2), ks, dil, head_dim, stride=st)
+        config = choose_config((s0, s1, s2), ks, dil, head_dim, stride=st, is_causal=causal)
     tq = config.q_tile
     glen0 = [-(-L // d) for L, d in zip((s0, s1, s2), dil, strict=True)]
     n_tiles = math.prod(-(-n // t) for n, t in zip(glen0, tq, strict=True))
