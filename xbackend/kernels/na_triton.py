@@ -326,16 +326,20 @@ def visited_pairs(
     work that is wasted on padding and on keys outside a query's window."""
     axes = zip(_pad3(tuple(spatial), 1), _pad3(tuple(kernel_size), 1), _pad3(tuple(dilation), 1),
                _pad3(tuple(is_causal), False), _pad3(tuple(stride), 1), config.q_tile, config.kv_tile, strict=True)
-    total = 1
-    for length, ks, dil, causal, s, tq, tk in axes:
-        per_axis = 0
-        for g in range(dil):
-            group_len = -(-(length - g) // dil)
-            for a in range(0, group_len, tq):
-                lo = _window(a, group_len, ks, s, causal)[0]
-                hi = _window(min(a + tq, group_len) - 1, group_len, ks, s, causal)[1]
-                per_axis += tq * -(-(hi - lo) // tk) * tk
-        total *= per_axis
+    return math.prod(_axis_pairs(*axis) for axis in axes)
+
+
+@functools.lru_cache(maxsize=4096)  # choose_config asks for every tile extent of every axis
+def _axis_pairs(length: int, ks: int, dil: int, causal: bool, s: int, tq: int, tk: int) -> int:
+    """One axis's factor of ``visited_pairs``: over its dilation groups and Q tiles, the tile extent
+    times its key box rounded up to whole KV blocks."""
+    total = 0
+    for g in range(dil):
+        group_len = -(-(length - g) // dil)
+        for a in range(0, group_len, tq):
+            lo = _window(a, group_len, ks, s, causal)[0]
+            hi = _window(min(a + tq, group_len) - 1, group_len, ks, s, causal)[1]
+            total += tq * -(-(hi - lo) // tk) * tk
     return total
 
 
