@@ -19,6 +19,7 @@ import triton.language as tl
 
 from xbackend.kernels._gated_residual_layout import GateLayout, analyze
 from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.triton_tiles import column_fastest_tile
 
 # How a tile finds its gate rows (the GATE_ROWS constexpr).
 _GATE_PER_TILE = 0  # all rows of a tile share one gate row: load it once
@@ -45,17 +46,7 @@ def _gated_residual_kernel(
     EVEN: tl.constexpr,
     WIDE: tl.constexpr,
 ):
-    # One linear grid, column blocks fastest: consecutive programs touch consecutive memory, which
-    # streams measurably better from HBM than sweeping one column block down all rows first.
-    pid = tl.program_id(0)
-    col_blocks = tl.cdiv(d, BLOCK_D)
-    pid_r = pid // col_blocks
-    pid_d = pid % col_blocks
-    if WIDE:
-        pid_r = pid_r.to(tl.int64)
-    row0 = pid_r * BLOCK_R
-    r = row0 + tl.arange(0, BLOCK_R)
-    c = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    row0, r, c = column_fastest_tile(d, BLOCK_R, BLOCK_D, WIDE)
     offs = r[:, None] * d + c[None, :]
     mask_r = r < rows
     mask_c = c < d

@@ -42,6 +42,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.triton_tiles import column_fastest_tile
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INT32_LIMIT = 2**31
@@ -102,15 +103,7 @@ def _silu_mul_rows_kernel(
     WIDE: tl.constexpr,
     LIBDEVICE: tl.constexpr,
 ):
-    # One linear grid, column blocks fastest (consecutive programs stream consecutive memory).
-    pid = tl.program_id(0)
-    col_blocks = tl.cdiv(d, BLOCK_D)
-    pid_r = pid // col_blocks
-    pid_d = pid % col_blocks
-    if WIDE:
-        pid_r = pid_r.to(tl.int64)
-    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    _, r, c = column_fastest_tile(d, BLOCK_R, BLOCK_D, WIDE)
     mask = (r[:, None] < rows) & (c[None, :] < d)
     g = tl.load(g_ptr + r[:, None] * g_row_stride + c[None, :], mask=mask, other=0.0)
     u = tl.load(u_ptr + r[:, None] * u_row_stride + c[None, :], mask=mask, other=0.0)
