@@ -146,10 +146,7 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
                dense_ms=d_ms, dense_backend=d_backend, flop_ratio=tokens**2 / pairs, sol_ms=sol_ms,
                pct_sol=100 * sol_ms / ms, rel_err=err)
     # na_triton's tiling for this case (what it computes when it is the impl that ran).
-    n = len(case.spatial)
-    lead = (1,) * (3 - n)
-    cfg = na_triton.choose_config(lead + case.spatial, lead + case.kernel, (1, 1, 1), case.dim, stride=lead + args[7],
-                                  is_causal=(False,) * (3 - n) + args[5])
+    cfg = na_triton.config_for(args[0].shape, *args[3:6], args[7])
     computed = na_triton.visited_pairs(case.spatial, case.kernel, args[4], args[5], args[7], cfg)
     row.update(triton_useful_of_computed=pairs / computed, q_tile=cfg.q_tile, kv_tile=cfg.kv_tile)
     return row

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from na_sol import CASES, Case, args_of, useful_pairs  # noqa: E402
 
 from xbackend.kernels import na_triton as K  # noqa: E402
+from xbackend.kernels import na_triton_config as C  # noqa: E402
 from xbackend.ops.neighborhood_attention import attend_fp32  # noqa: E402
 
 
@@ -34,13 +35,13 @@ def ranked(case: Case, block: int = 64) -> tuple[K.NAConfig, list[tuple[float, K
     spatial, kernel = lead + case.spatial, lead + case.kernel
     stride = lead + (case.stride or (1,) * n)
     causal = case.causal or (False,) * n
-    chosen = K.choose_config(spatial, kernel, (1, 1, 1), case.dim, stride=stride, is_causal=(False,) * (3 - n) + causal)
+    chosen = K.config_for((case.batch, *case.spatial, case.heads, case.dim), case.kernel, (1,) * n, causal, stride[3 - n:])
     pairs = useful_pairs(case)
-    q_limits = tuple(K._pow2_le(2 * s - 1) for s in spatial)
+    q_limits = tuple(C._pow2_le(2 * s - 1) for s in spatial)
     out = []
-    for tq in K._shapes(block, q_limits):
+    for tq in C._shapes(block, q_limits):
         box = tuple(min(k + K.leader_span(t, s), L) for k, t, s, L in zip(kernel, tq, stride, spatial, strict=True))
-        for tk in K._shapes(block, tuple(K._pow2_le(2 * b - 1) for b in box)):
+        for tk in C._shapes(block, tuple(C._pow2_le(2 * b - 1) for b in box)):
             cfg = K.NAConfig(tq, tk, chosen.num_warps, chosen.num_stages)
             out.append((pairs / K.visited_pairs(case.spatial, case.kernel, (1,) * n, causal, stride[3 - n:], cfg), cfg))
     out.sort(key=lambda r: -r[0])

@@ -33,6 +33,7 @@ import triton.language as tl  # noqa: E402
 
 from xbackend.kernels import na_triton as K  # noqa: E402
 from xbackend.kernels.na_triton import _axis_ok, _win_end, _win_start  # noqa: E402
+from xbackend.kernels.na_triton_config import pad3  # noqa: E402
 
 
 @triton.jit
@@ -157,7 +158,6 @@ def _alloc(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 def neighborhood_attention(q, k, v, kernel_size, dilation, is_causal, scale=None, stride=None, *, config=None,
                            warp_specialize: bool = False):  # fmt: skip
     """Same contract as na_triton.neighborhood_attention (CUDA, bf16/fp16; the interpreter on CPU)."""
-    pad3 = K._pad3
     ks, dil = pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1)
     causal = pad3(tuple(bool(c) for c in is_causal), False)
     st = pad3(tuple(stride) if stride is not None else (), 1)
@@ -166,7 +166,7 @@ def neighborhood_attention(q, k, v, kernel_size, dilation, is_causal, scale=None
     q3, k3, v3, o3 = (K._as_3d(t) for t in (q, k, v, out))
     batch, s0, s1, s2, heads, head_dim = q3.shape
     if config is None:
-        config = K.choose_config((s0, s1, s2), ks, dil, head_dim, stride=st, is_causal=causal)
+        config = K.config_for(q.shape, kernel_size, dilation, is_causal, stride)
     glen0 = [-(-L // d) for L, d in zip((s0, s1, s2), dil, strict=True)]
     grid = (math.prod(-(-n // t) for n, t in zip(glen0, config.q_tile, strict=True)), batch * heads, math.prod(dil))
     if q.device.type == "cuda":

@@ -1,0 +1,156 @@
+"""na_triton's launch configuration: the frozen ``NAConfig`` record, the tile-shape choice and the
+work model behind it (``visited_pairs``: the query-key pairs the kernel computes under a config).
+
+Pure Python, no Triton import. The window rule here (``_window``) is the kernel's
+``_win_start``/``_win_end`` (``na_triton.py``) in Python.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+__all__ = ["NAConfig", "choose_config", "config_for", "leader_span", "pad3", "visited_pairs"]
+
+
+@dataclass(frozen=True)
+class NAConfig:
+    """Launch configuration: Q tile and KV block shapes (3 axes, outermost first), warps, stages."""
+
+    q_tile: tuple[int, int, int]
+    kv_tile: tuple[int, int, int]
+    num_warps: int
+    num_stages: int
+    # Branch around the window test on KV blocks inside every query's window. Measured slower on
+    # H200 (the branch costs more than the compares it saves), hence off by default.
+    skip_inner_mask: bool = False
+
+
+def _pow2_le(x: int) -> int:
+    return 1 << (max(x, 1).bit_length() - 1)
+
+
+def _shapes(total: int, limits: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Power-of-two 3-axis shapes of ``total`` tokens whose extents stay within ``limits`` (all
+    shapes when none does: a problem smaller than one tile is padded anyway)."""
+    e = int(math.log2(total))
+    shapes = [(1 << e0, 1 << e1, 1 << (e - e0 - e1)) for e0 in range(e + 1) for e1 in range(e + 1 - e0)]
+    fits = [s for s in shapes if all(si <= li for si, li in zip(s, limits, strict=True))]
+    return fits or shapes
+
+
+def leader_span(tile: int, stride: int) -> int:
+    """Largest distance between the group leaders of the first and last query of a ``tile``-wide Q
+    tile (tiles start at multiples of ``tile``; leaders sit at the same offset in every stride group,
+    so the span is ``stride`` times the most group boundaries one tile crosses). ``tile - 1`` at
+    stride 1."""
+    period = stride // math.gcd(tile, stride)  # tile offsets modulo stride repeat after this many tiles
+    return stride * max((i * tile + tile - 1) // stride - (i * tile) // stride for i in range(period))
+
+
+def _window(m: int, n: int, ks: int, s: int, causal: bool) -> tuple[int, int]:
+    """Keys ``[start, end)`` of group position ``m`` on one axis: ``_win_start``/``_win_end`` in Python."""
+    first = (m // s) * s
+    leader = min(first + (s - 1 if causal else s // 2), n - 1)
+    if causal:
+        return max(leader - ks + 1, 0), m + 1
+    start = min(max(leader - ks // 2, 0), n - ks)
+    return start, start + ks
+
+
+def visited_pairs(
+    spatial: tuple[int, ...],
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    stride: tuple[int, ...],
+    config: NAConfig,
+) -> int:
+    """Query-key pairs the kernel computes (q.k and p.v) for one batch and head under ``config``:
+    every program's padded Q tile times its KV blocks, the key box rounded up to whole blocks. The
+    useful pairs are the window sizes summed over queries; the ratio is the fraction of tensor-core
+    work that is wasted on padding and on keys outside a query's window."""
+    axes = zip(pad3(tuple(spatial), 1), pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1),
+               pad3(tuple(is_causal), False), pad3(tuple(stride), 1), config.q_tile, config.kv_tile, strict=True)
+    return math.prod(_axis_pairs(*axis) for axis in axes)
+
+
+@functools.lru_cache(maxsize=4096)  # choose_config asks for every tile extent of every axis
+def _axis_pairs(length: int, ks: int, dil: int, causal: bool, s: int, tq: int, tk: int) -> int:
+    """One axis's factor of ``visited_pairs``: over its dilation groups and Q tiles, the tile extent
+    times its key box rounded up to whole KV blocks."""
+    total = 0
+    for g in range(dil):
+        group_len = -(-(length - g) // dil)
+        for a in range(0, group_len, tq):
+            lo = _window(a, group_len, ks, s, causal)[0]
+            hi = _window(min(a + tq, group_len) - 1, group_len, ks, s, causal)[1]
+            total += tq * -(-(hi - lo) // tk) * tk
+    return total
+
+
+@functools.lru_cache(maxsize=256)  # milliseconds of Python per call otherwise (measured on the H200 host)
+def choose_config(
+    spatial: tuple[int, int, int],
+    kernel_size: tuple[int, int, int],
+    dilation: tuple[int, int, int],
+    head_dim: int,
+    block_m: int | None = None,
+    block_n: int = 64,
+    stride: tuple[int, int, int] = (1, 1, 1),
+    is_causal: tuple[bool, bool, bool] = (False, False, False),
+) -> NAConfig:
+    """Pick Q tile / KV block shapes minimising (padded queries) x (keys visited per query).
+
+    Stride 1 (the H200-measured picks): per axis a Q tile of extent t over a group of length n visits a
+    key box of at most min(k + t - 1, n) positions, rounded up to the KV block extent; queries are
+    padded to whole tiles. Stride > 1: the exact count of computed pairs (``visited_pairs``), since a
+    tile's box there depends on where it falls against the stride groups (``leader_span`` bounds it).
+    Neither model counts the mask cost, which grows with the box rim in every shape alike.
+
+    ``head_dim`` does not change the pick: every head dim in ``HEAD_DIMS`` gets 4 warps and 3 stages
+    at 64-query tiles, and 80 and 96 get what their padded 128 gets. Compiled for sm90 (Triton 3.9),
+    none of them spills; 128, 96 and 80 take 112 KiB of shared memory.
+    """
+    glen = tuple(-(-L // d) for L, d in zip(spatial, dilation, strict=True))
+    if block_m is None:
+        # H200: 64-query tiles with 4 warps beat 128/8 at d=128 too (smaller key box per query).
+        block_m = 64
+    best: tuple[float, NAConfig] | None = None
+    strided = any(s > 1 for s in stride)
+    q_limits = tuple(_pow2_le(2 * n - 1) for n in glen)  # smallest power of two covering n
+    for tq in _shapes(block_m, q_limits):
+        box = tuple(min(k + leader_span(t, s), n) for k, t, s, n in zip(kernel_size, tq, stride, glen, strict=True))
+        k_limits = tuple(_pow2_le(2 * bx - 1) for bx in box)
+        for tk in _shapes(block_n, k_limits):
+            cfg = NAConfig(tq, tk, 4 if block_m <= 64 else 8, 3)
+            if strided:
+                score = visited_pairs(spatial, kernel_size, dilation, is_causal, stride, cfg)
+            else:
+                queries = math.prod(-(-n // t) * t for n, t in zip(glen, tq, strict=True))
+                keys = math.prod(-(-bx // t) * t for bx, t in zip(box, tk, strict=True))
+                score = queries * keys
+            if best is None or score < best[0]:
+                best = (score, cfg)
+    if best is None:
+        raise ValueError(f"no tile shape of {block_m}x{block_n} fits {spatial}")
+    return best[1]
+
+
+def config_for(
+    shape: tuple[int, ...],
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    stride: tuple[int, ...] | None = None,
+) -> NAConfig:
+    """The config ``neighborhood_attention`` launches with for q of ``shape`` ``[B, *spatial, H, D]``
+    and the op's per-axis arguments (1 to 3 axes)."""
+    spatial = pad3(tuple(shape[1:-2]), 1)
+    return choose_config(spatial, pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1), shape[-1],
+                         stride=pad3(tuple(stride or ()), 1), is_causal=pad3(tuple(bool(c) for c in is_causal), False))
+
+
+def pad3(t: tuple, fill) -> tuple:
+    return (fill,) * (3 - len(t)) + tuple(t)
