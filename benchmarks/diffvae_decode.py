@@ -18,9 +18,11 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import time
 import warnings
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
@@ -47,13 +49,9 @@ FAMILIES = [
 ]
 
 
-# A smoke-test decoder for CPU (--tiny): the same code paths in seconds.
-TINY = {
-    "latent_channels": 8, "patch_size": 2, "decoder_head_dim": 8, "decoder_stage_channels": (32, 16, 8, 8, 8),
-    "decoder_stage_depths": (1, 1, 1, 1, 2), "decoder_stage_kernels": ((3, 3, 3),) * 4,
-    "decoder_upsample_channel_reductions": (2, 2, 1, 1), "decoder_stage5_kernel": (3, 3, 3),
-    "decoder_t_emb_dim": 32, "spatial_compression_ratio": 16,
-}  # fmt: skip
+# A smoke-test decoder for CPU (--tiny): the example's tiny config, the same code paths in seconds.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from ltx2_diffvae import TINY_CONFIG as TINY  # noqa: E402
 
 
 def build(height: int, width: int, frames: int, device: str, tiny: bool) -> tuple[torch.nn.Module, torch.Tensor]:
