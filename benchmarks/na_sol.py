@@ -61,6 +61,10 @@ CASES = {
         Case("3-D causal, stride (3,5,5)", (16, 64, 112), 12, 128, (9, 15, 15), (3, 5, 5),
              causal=(True, False, False)),
     ],
+    # The head dims the fast kernel takes, on a DiffVAE stage-4 tile (about 512 channels each); 80 and
+    # 96 run padded to 128.
+    "head_dims": [Case(f"DiffVAE stage-4 tile, {h} x {d}", (20, 48, 48), h, d, (11, 11, 11))
+                  for h, d in ((16, 32), (8, 64), (6, 80), (5, 96), (4, 128))],
 }
 SMOKE = [Case("smoke 2-D", (12, 16), 2, 16, (5, 7)), Case("smoke 3-D strided", (6, 8, 8), 2, 16, (3, 4, 4), (3, 2, 4))]
 
@@ -155,7 +159,7 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the rows as JSON here (rewritten after every case)")
-    ap.add_argument("--cases", default="plain,strided", help="comma-separated groups: plain, strided")
+    ap.add_argument("--cases", default="plain,strided", help="comma-separated groups: plain, strided, head_dims")
     ap.add_argument("--smoke", action="store_true", help="two tiny cases on the CPU: checks the script only")
     a = ap.parse_args()
     device = torch.device("cpu" if a.smoke else "cuda")
