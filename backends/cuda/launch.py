@@ -39,7 +39,10 @@ LAUNCH = rms.LaunchTraits(
             # (python3 lab/gpu/rmsnorm_narrow.py --budget-s 140, lab/results/h200/rmsnorm_narrow.txt: % of
             # copy_ of the same bytes, lowest over the D's shapes, 2026-12-01). Torch-flavour rows of
             # <= 256 elements need `trim` (the default tile leaves 1/2 to 7/8 of its lanes idle: 24% of
-            # copy_ at D = 64); modulates want `flat_mod` (scale/shift loaded once per program).
+            # copy_ at D = 64); modulates want `flat_mod` (scale/shift loaded once per program). Diffusers
+            # rows of 64 need `trim` too (half of aten's four accumulators per thread are empty there);
+            # [d64]: measured by `--d 64 --kinds rmsnorm-diffusers,modulate-diffusers`, 2026-12-02
+            # (lab/results/h200/rmsnorm_narrow_d64.txt).
             ("rmsnorm-torch", 64, 2): S(rows_per_program=32, num_warps=2, arrangement=ARKB, trim=True),  # 103.5% (24%)
             ("rmsnorm-torch", 128, 2): S(rows_per_program=16, num_warps=2, arrangement=ARKB, trim=True),  # 104.7% (47%)
             ("rmsnorm-torch", 256, 2): S(rows_per_program=8, num_warps=2, arrangement=ARKB, trim=True),  # 103.1% (85%)
@@ -47,7 +50,7 @@ LAUNCH = rms.LaunchTraits(
             ("rmsnorm-torch", 1000, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB),  # 94.2% (92%)
             ("rmsnorm-torch", 1024, 2): S(rows_per_program=2, num_warps=4, arrangement=ARKB),  # 104.2% (102%)
             ("rmsnorm-torch", 2048, 2): S(rows_per_program=1, num_warps=4, arrangement=ARKB),  # 104.2% (101%)
-            ("rmsnorm-diffusers", 64, 2): S(rows_per_program=16, num_warps=2, arrangement=ARKB),  # 72.6% (71%)
+            ("rmsnorm-diffusers", 64, 2): S(rows_per_program=32, num_warps=4, arrangement=ARKB, trim=True),  # 102.9% (72%) [d64]
             ("rmsnorm-diffusers", 128, 2): S(rows_per_program=16, num_warps=4, arrangement=ARKB),  # 104.1% (103%)
             ("rmsnorm-diffusers", 512, 2): S(rows_per_program=4, num_warps=2, arrangement=ARKB),  # 104.6% (102%)
             ("rmsnorm-diffusers", 1024, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB),  # 103.9% (102%)
@@ -60,7 +63,7 @@ LAUNCH = rms.LaunchTraits(
             ("modulate-torch", 1000, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB, flat_mod=True),  # 93.0% (69%)
             ("modulate-torch", 1024, 2): S(rows_per_program=2, num_warps=4, arrangement=ARKB, flat_mod=True),  # 104.0% (99%)
             ("modulate-torch", 2048, 2): S(rows_per_program=1, num_warps=4, arrangement=ARKB, flat_mod=True),  # 104.1% (101%)
-            ("modulate-diffusers", 64, 2): S(rows_per_program=64, num_warps=8, arrangement=ARKB, flat_mod=True),  # 67.1% (47%)
+            ("modulate-diffusers", 64, 2): S(rows_per_program=32, num_warps=4, arrangement=MERGED, trim=True, flat_mod=True),  # 102.8% (48%) [d64]
             ("modulate-diffusers", 128, 2): S(rows_per_program=16, num_warps=4, arrangement=MERGED, flat_mod=True),  # 103.5% (79%)
             ("modulate-diffusers", 256, 2): S(rows_per_program=8, num_warps=4, arrangement=MERGED, flat_mod=True),  # 102.7% (97%)
             ("modulate-diffusers", 512, 2): S(rows_per_program=4, num_warps=4, arrangement=ARKB, flat_mod=True),  # 103.9% (101%)

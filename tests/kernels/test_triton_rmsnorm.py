@@ -430,16 +430,35 @@ def test_table_entries_reach_every_op_kind_and_explicit_schedules_win():
     assert lp.grid == (m // 32,) and lp.consts.A == 128 and lp.consts.ARR == K.ARR_MERGED
 
 
-def test_trim_applies_to_one_step_torch_rows_only():
+def test_trim_applies_to_one_step_rows_only():
     trim = K.Schedule(trim=True)
     for d, a in [(4, 1), (12, 4), (64, 16), (128, 32), (200, 64), (256, 64), (512, 128), (516, 128), (4096, 128)]:
         tile, _, rows, warps = L.exact_schedule(64, d, "torch", NUM, trim)
         assert (tile.a, tile.bw) == (a, a) and tile.b == 4
         assert tile == L.exact_schedule(64, d, "torch", NUM, DEFAULT_SCHEDULE).tile or tile.k == 1
         assert rows == L.default_rows(tile.k * tile.a * tile.b) and warps == max(1, min(8, a // 32))
-    # the diffusers flavour's tile is aten's block, already as narrow as its rows
-    untrimmed = L.exact_schedule(64, 64, "diffusers", NUM, DEFAULT_SCHEDULE)
-    assert L.exact_schedule(64, 64, "diffusers", NUM, trim) == untrimmed
+    # diffusers: D < 128 keeps the accumulators that hold elements (a*B + b < D); vectorized rows are unchanged
+    for d, a in [(8, 1), (32, 1), (48, 2), (64, 2), (96, 4), (100, 4), (128, None), (256, None)]:
+        untrimmed = L.exact_schedule(64, d, "diffusers", NUM, DEFAULT_SCHEDULE).tile
+        tile = L.exact_schedule(64, d, "diffusers", NUM, trim).tile
+        assert tile == (untrimmed if a is None else untrimmed._replace(a=a)) and untrimmed.vec_form is (a is None)
+
+
+@pytest.mark.parametrize("d", [8, 32, 48, 64, 96])
+def test_trimmed_diffusers_rows_keep_aten_order(d):
+    """A trimmed diffusers tile: the mean bit for bit equal to the Reduce.cuh transliteration, outputs equal
+    to the untrimmed launch's (plain and modulated)."""
+    x = _rand((37, d), torch.bfloat16, seed=d + 11)
+    w = _rand(d, torch.bfloat16, seed=d + 12, scale=0.5, offset=1.0)
+    s, t = _rand((1, d), torch.bfloat16, seed=d + 13, scale=0.3), _rand((1, d), torch.bfloat16, seed=d + 14)
+    for schedule in (K.Schedule(trim=True), K.Schedule(rows_per_program=16, num_warps=2, trim=True),
+                     K.Schedule(rows_per_program=8, num_warps=4, trim=True, arrangement=K.ARR_MERGED, flat_mod=True)):  # fmt: skip
+        got, stat = K.rmsnorm_stats(x, w, EPS, "diffusers", numerics=NUM, schedule=schedule)
+        want, want_stat = K.rmsnorm_stats(x, w, EPS, "diffusers", numerics=NUM)
+        assert torch.equal(got, want) and torch.equal(stat, want_stat)
+        np.testing.assert_array_equal(stat.cpu().numpy(), _emulate_mean(x.cpu().float().numpy(), NUM))
+        got = K.rmsnorm_modulate(x, s, t, w, EPS, "diffusers", numerics=NUM, schedule=schedule)
+        assert torch.equal(got, K.rmsnorm_modulate(x, s, t, w, EPS, "diffusers", numerics=NUM))
 
 
 NARROW_SCHEDULES = [

@@ -196,6 +196,10 @@ def exact_schedule(m: int, d: int, flavour: str, num: Numerics, schedule: Schedu
         found = mean_tile(max(m, 1), d, num)
         assert not isinstance(found, str)
         tile, factor = found, mean_factor(max(m, 1), d)
+        if schedule.trim and not tile.vec_form and tile.k == 1 and tile.a * tile.b > d:
+            # D < 128: thread b's accumulators a hold elements a*B + b, so those past ceil(D / B) hold
+            # exact zeros, which aten adds last (v + 0.0 == v for the non-negative partial sums)
+            tile = tile._replace(a=next_pow2(-(-d // tile.b)))
     rows = schedule.rows_per_program or default_rows(tile.k * tile.a * tile.b)
     lanes = tile.a if flavour == "torch" else tile.a * tile.b  # emulated threads / folds per row
     warps = schedule.num_warps or max(1, min(MAX_DEFAULT_WARPS, lanes // SCHEDULE_LANES))

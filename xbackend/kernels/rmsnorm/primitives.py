@@ -237,8 +237,10 @@ def row_stat(
         if not VEC_FORM:
             qs = tl.permute(qs, (0, 2, 1, 3))  # [R, thread, accumulator, k]
         S: tl.constexpr = BW * Y
-        acc = fold(tl.reshape(qs, [R, S * MEAN_VEC, K]), tl.zeros([R, S * MEAN_VEC], tl.float32), False)
-        acc = fold(tl.reshape(acc, [R, S, MEAN_VEC]), tl.zeros([R, S], tl.float32), False)  # v0+v1+v2+v3
+        # accumulators per thread: MEAN_VEC, fewer in a trimmed non-vectorized tile (launch.exact_schedule)
+        NACC: tl.constexpr = B if VEC_FORM else A
+        acc = fold(tl.reshape(qs, [R, S * NACC, K]), tl.zeros([R, S * NACC], tl.float32), False)
+        acc = fold(tl.reshape(acc, [R, S, NACC]), tl.zeros([R, S], tl.float32), False)  # v0+v1+v2+v3
         acc = tl.reshape(acc, [R, Y, BW])
         if X_FIRST:
             acc = block_x_tree(acc, BW, LANES, SHFL_ADJ)

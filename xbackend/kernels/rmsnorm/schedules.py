@@ -16,6 +16,8 @@ class Schedule(NamedTuple):
     # the next_pow2(D / 4) emulated threads that hold elements. The dropped threads' partial sums are
     # exact zeros that aten's halving trees add to lanes below them, so the statistic is bit-identical
     # (primitives.row_stat); the tile shrinks from 4 * torch_threads to next_pow2(D) elements per row.
+    # Exact "diffusers" flavour, D < 128 with one element per accumulator: only the accumulators that
+    # hold elements (the others are zeros aten adds last); D = 64 goes from 128 to 64 elements per row.
     trim: bool | None = None
     # Exact modulate whose scale and shift are one [D] row for every row ([1, .., 1, D], [D]): load them
     # once per program, like the weight, instead of once per row (same values; fewer loads and registers).
