@@ -22,7 +22,7 @@ fp32; bf16/fp16 operands on the tensor cores.
   to its last query's end. The leader is one integer divide per row, before the KV loop; stride 1
   is a compile-time constant that folds it away (the stride-1 kernel is the same code as without
   stride). A Q tile that covers whole stride groups of ``stride = kernel_size`` sees one dense window.
-  Strided windows are tested under Triton's interpreter and compiled for sm90; they have not run on a GPU.
+  Strided windows are tested on the H200 (tests/kernels/test_na_kernels.py) and under Triton's interpreter.
 * Head dims that are not a power of two (80, 96) run padded to the next one (``HEAD_PAD`` = 128):
   q/k/v loads are masked along the head dim with zero fill and the store masks the pad columns off,
   while strides and pointer math use the real ``HEAD_DIM``. Shared memory and tensor-core work are
