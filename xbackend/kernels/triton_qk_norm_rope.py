@@ -66,16 +66,23 @@ def _unhalves(first, second):
 
 
 @triton.jit
-def row_tile(M, D: tl.constexpr, R: tl.constexpr, K: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+def row_tile(M, D: tl.constexpr, R: tl.constexpr, K: tl.constexpr, A: tl.constexpr, B: tl.constexpr,
+             FULL: tl.constexpr = False):  # fmt: skip
     """This program's rows ``rr`` [1, R, 1, 1] (int64) and columns ``cols`` [A, 1, K, B] in the RMSNorm
     kernels' ``[A, R, K, B]`` arrangement (row element ``(k*A + a)*B + b``), with the column mask and the
-    full mask; also the program id."""
+    full mask; also the program id. ``FULL`` (the host knows ``M % R == 0`` and ``K*A*B == D``): both
+    masks are constant true, so loads are unpredicated and need no zero fill."""
     pid = tl.program_id(0).to(tl.int64)
     rr = (pid * R + tl.arange(0, R))[None, :, None, None]
     toff = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, B)[None, None, None, :]
     cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
-    cmask = cols < D
-    return pid, rr, cols, cmask, (rr < M) & cmask
+    if FULL:
+        cmask = tl.full([A, 1, K, B], 1, tl.int1)
+        mask = tl.full([A, R, K, B], 1, tl.int1)
+    else:
+        cmask = cols < D
+        mask = (rr < M) & cmask
+    return pid, rr, cols, cmask, mask
 
 
 @triton.jit
@@ -85,15 +92,23 @@ def norm_rope_rows(
     A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
     Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
     SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr, scale=1.0, SCALE: tl.constexpr = False,
+    W_TILE: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of rows: load, norm, round, (SCALE: times ``scale``, rounded), rotate, store. cos/sin come preloaded in fp32: interleaved
     ``c1, c2, s1, s2`` = (even, odd channels) of cos and of sin; split ``c1 = c2`` = cos, ``s1 = s2`` =
-    sin, per half-head channel ([G, H2, R, K, B])."""
+    sin, per half-head channel ([G, H2, R, K, B]). ``W_TILE``: load the weight through the tile's own
+    [A, R, K, B] pointers (every row reads the same cached values) instead of one [A, 1, K, B] row: on
+    64-wide rows Triton otherwise lays the product with the weight out in the weight's layout and
+    moves the whole tile through shared memory and back, twice per tensor (sm90 PTX: 15 barriers and
+    ldmatrix round trips against 7 barriers and none)."""
     x = tl.load(x_ptr + rr * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     stat = row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, ARR_ARKB, LANES, BW, Y, SHFL_ADJ, X_FIRST)
     rstd = rsqrt(stat + eps, RSQRT)[None, :, None, None]
     if HAS_W:
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if W_TILE:
+            w = tl.load(w_ptr + (cols + rr * 0), mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        else:
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     else:
         w = x  # unused
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty

@@ -34,35 +34,60 @@ from xbackend.ops.qk_norm_rope_3d import axis_angles, rope_dim_split
 
 
 @triton.jit
+def _div(x, m, s, a):
+    """``x // d`` for ``0 <= x < 2**31`` where ``(m, s, a) = magic(d)``, as int32."""
+    # s and a may arrive as constexprs (Triton specializes integer arguments equal to 1)
+    x = x.to(tl.uint32)
+    return ((tl.umulhi(x, m.to(tl.uint32)) + x * a) >> s).to(tl.int32)
+
+
+def magic(d: int) -> tuple[int, int, int]:
+    """``(m, s, a)`` with ``x // d == (umulhi(x, m) + a*x) >> s`` for every ``0 <= x < 2**31`` (``umulhi``:
+    the high 32 bits of the 64-bit product). ``d == 1``: ``(0, 0, 1)``. Otherwise ``l = ceil(log2 d)``, ``m =
+    ceil(2**(31 + l) / d)`` (below 2**32), ``s = l - 1``, ``a = 0``: with ``e = m*d - 2**(31 + l) < d``,
+    ``x*m / 2**(31 + l) = x/d + x*e / (d * 2**(31 + l))``, whose second term is below ``2**-l <= 1/d``, so
+    the floor is ``x // d``."""
+    if d == 1:
+        return 0, 0, 1
+    lg = (d - 1).bit_length()
+    return -(-(1 << (31 + lg)) // d), lg - 1, 0
+
+
+@triton.jit
 def _qk_norm_rope_3d_kernel(
     q_ptr, k_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-    M, stride_q, stride_k, HEADS, T, H, W, eps, factor, q_scale,
+    M, stride_q, stride_k, T, H, W, m_heads, s_heads, a_heads, m_w, s_w, a_w, m_h, s_h, a_h, m_t, s_t, a_t,
+    eps, factor, q_scale,
     D: tl.constexpr, DIM_T: tl.constexpr, DIM_TH: tl.constexpr, FLAVOUR: tl.constexpr, HAS_W: tl.constexpr,
     R: tl.constexpr, K: tl.constexpr, A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr,
     LANES: tl.constexpr, BW: tl.constexpr, Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr,
-    RSQRT: tl.constexpr,
+    RSQRT: tl.constexpr, FULL: tl.constexpr,
 ):  # fmt: skip
-    _, rr, cols, cmask, mask = row_tile(M, D, R, K, A, B)
-    # row = ((((b * T + t) * H + h) * W + w) * HEADS + head); the table row of channel c. In 32 bits
-    # (M < 2**31, checked by the plan): 64-bit divisions are emulated, about 70 instructions each,
-    # enough to make the kernel compute-bound on rows of 64 elements.
-    r32 = rr.to(tl.int32)
-    tok = r32 // HEADS
-    tw = tok // W
+    _, rr, cols, cmask, mask = row_tile(M, D, R, K, A, B, FULL)
+    # row = ((((b * T + t) * H + h) * W + w) * heads + head); the table row of channel c. Each division
+    # by a runtime size is a multiply by its ``magic`` (host) and a shift: an integer division costs
+    # about 20 instructions, and this kernel is issue-bound (ncu, H200: 78% of issue slots busy).
+    tok = _div(rr, m_heads, s_heads, a_heads)
+    tw = _div(tok, m_w, s_w, a_w)
     w = tok - tw * W
-    th = tw // H
+    th = _div(tw, m_h, s_h, a_h)
     h = tw - th * H
-    t = th % T
-    trow = tl.where(cols < DIM_T, t, tl.where(cols < DIM_TH, T + h, T + H + w))
+    t = th - _div(th, m_t, s_t, a_t) * T
+    if DIM_T % B == 0 and DIM_TH % B == 0:
+        # chunk boundaries between vectors: pick the row once per B-wide vector, not per element
+        cvec = tl.arange(0, A)[:, None, None, None] * B + tl.arange(0, K)[None, None, :, None] * (A * B)
+        trow = tl.where(cvec < DIM_T, t, tl.where(cvec < DIM_TH, T + h, T + H + w))
+    else:
+        trow = tl.where(cols < DIM_T, t, tl.where(cols < DIM_TH, T + h, T + H + w))
     f_off = trow * D + cols
     c1, c2 = pairs(tl.load(cos_ptr + f_off, mask=mask, other=0.0))
     s1, s2 = pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0))
     norm_rope_rows(q_ptr, wq_ptr, qo_ptr, stride_q, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
                    D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
-                   False, 1, 1, q_scale, True)  # fmt: skip
+                   False, 1, 1, q_scale, True, True)  # fmt: skip
     norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
                    D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
-                   False, 1, 1, q_scale, False)  # fmt: skip
+                   False, 1, 1, q_scale, False, True)  # fmt: skip
 
 
 _KERNEL = DirectLaunch(_qk_norm_rope_3d_kernel)
@@ -109,7 +134,8 @@ def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numeric
     dim_t, dim_h, _ = rope_dim_split(d)
     consts = (f32(eps), factor, f32(q_scale), d, dim_t, dim_t + dim_h, FLAVOURS.index(flavour), q_weight is not None,
               r, plan.k, plan.a, plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing,
-              num.mean_x_first, RSQRT_MATH if interpreting() else num.rsqrt)  # fmt: skip
+              num.mean_x_first, RSQRT_MATH if interpreting() else num.rsqrt,
+              m % r == 0 and plan.k * plan.a * plan.b == d)  # fmt: skip
     return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), consts, warps, flavour == "torch")
 
 
@@ -181,8 +207,9 @@ def qk_norm_rope_3d(q, k, q_weight, k_weight, eps=1e-6, q_scale=1.0, base=10000.
     eps32, factor, scale32, *consts = plan.consts
     wq = q_weight if q_weight is not None else q
     wk = k_weight if k_weight is not None else k
-    _KERNEL(plan.grid, (q, k, wq, wk, cos, sin, q_out, k_out, plan.rows, plan.stride_q, plan.stride_k, heads, *lengths,
-                        eps32, factor, scale32, *consts), num_warps=plan.num_warps, enable_fp_fusion=False)  # fmt: skip
+    divisors = (m for size in (heads, lengths[2], lengths[1], lengths[0]) for m in magic(size))
+    _KERNEL(plan.grid, (q, k, wq, wk, cos, sin, q_out, k_out, plan.rows, plan.stride_q, plan.stride_k, *lengths,
+                        *divisors, eps32, factor, scale32, *consts), num_warps=plan.num_warps, enable_fp_fusion=False)  # fmt: skip
     return q_out, k_out
 
 

@@ -1,0 +1,26 @@
+#!/bin/bash
+# One device call: install the minimal wheels, then the named steps, each teed to $OUT/<step>.txt.
+#   bash lab/gpu/run_session.sh STEP [STEP ...]
+set -uo pipefail
+export PYTHONUNBUFFERED=1 XBACKEND_FAST_KEY=0
+OUT=${OUT:-/tmp/xbackend-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-build-isolation --no-deps --no-index .whl/pytest-*.whl .whl/pytest_xdist-*.whl \
+  .whl/execnet-*.whl .whl/pluggy-*.whl .whl/iniconfig-*.whl .whl/packaging-*.whl .whl/pygments-*.whl -e . \
+  >/tmp/install.log 2>&1 || tail -5 /tmp/install.log
+step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt" | tail -60; }
+for s in "$@"; do
+  case $s in
+    qk3d) step qk3d_sweep 120 python3 lab/gpu/qk3d_sweep.py ;;
+    narrow64) step rmsnorm_narrow_d64 200 python3 lab/gpu/rmsnorm_narrow.py --d 64 --kinds rmsnorm-diffusers,modulate-diffusers --budget-s 150 --out "$OUT" ;;
+    strided) step gpu_tests_strided 200 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_na_kernels.py -k "strided or gpu" ;;
+    nasol) step na_sol 300 python3 benchmarks/na_sol.py --cases plain,strided,head_dims --out "$OUT/na_sol.json" ;;
+    tilemodel) step na_tile_model 240 python3 lab/gpu/na_tile_model.py --time --top 3 ;;
+    tma) step na_tma 200 python3 lab/gpu/na_tma.py --time ;;
+    ncu) step qk3d_ncu 320 bash lab/gpu/qk3d_ncu.sh ;;
+    kerneltests) step gpu_tests_kernels 300 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_triton_rmsnorm.py tests/kernels/test_triton_qk_norm_rope.py tests/kernels/test_triton_qk_norm_rope_3d.py tests/test_rmsnorm.py tests/test_rmsnorm_modulate.py tests/test_qk_norm_rope.py tests/test_qk_norm_rope_3d.py ;;
+    narrowbench) step bench_narrow 300 xbackend bench qk_norm_rope_3d rmsnorm rmsnorm_modulate --quick --json "$OUT/bench_narrow.json" ;;
+    pointbench) step bench_pointwise 300 xbackend bench rmsnorm rmsnorm_modulate gated_residual rotary_embedding qk_norm_rope --quick --json "$OUT/bench_pointwise.json" ;;
+    qkbench) step bench_qk3d 200 xbackend bench qk_norm_rope_3d --json "$OUT/bench_qk3d.json" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
