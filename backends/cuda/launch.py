@@ -71,9 +71,9 @@ LAUNCH = rms.LaunchTraits(
             ("modulate-diffusers", 1000, 2): S(flat_mod=True),  # 90.9% (88%)
             ("modulate-diffusers", 1024, 2): S(rows_per_program=2, num_warps=2, arrangement=ARKB, flat_mod=True),  # 103.0% (101%)
             ("modulate-diffusers", 2048, 2): S(rows_per_program=4, num_warps=4, arrangement=ARKB, flat_mod=True),  # 100.9% (80%)
-            # The DiffVAE's q/k prelude, head_dim 64: 16 rows per 2-warp program, trimmed, 254 us (70% of
-            # copy_) on a stage-5 tile against 297 us for the RMSNorm kernel's R=32 (python3
-            # lab/gpu/qk3d_sweep.py, lab/results/h200/qk3d_sweep.txt, 2026-12-01).
+            # The DiffVAE's q/k prelude, head_dim 64: 16 rows per 2-warp program, trimmed, 200 us (90% of
+            # copy_) on a stage-5 tile; 8 rows per warp ties it, more rows per thread lose 10-30 points
+            # (python3 lab/gpu/qk3d_sweep.py, lab/results/h200/qk3d_sweep.txt, 2026-12-02).
             ("qk_norm_rope_3d-torch", (8, 128), 2): S(rows_per_program=16, num_warps=2, trim=True),
         }
     ),

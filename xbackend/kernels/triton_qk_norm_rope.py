@@ -92,7 +92,7 @@ def norm_rope_rows(
     A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
     Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
     SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr, scale=1.0, SCALE: tl.constexpr = False,
-    W_TILE: tl.constexpr = False,
+    W_TILE: tl.constexpr = False, DIV_POW2: tl.constexpr = False,
 ):  # fmt: skip
     """One tile of rows: load, norm, round, (SCALE: times ``scale``, rounded), rotate, store. cos/sin come preloaded in fp32: interleaved
     ``c1, c2, s1, s2`` = (even, odd channels) of cos and of sin; split ``c1 = c2`` = cos, ``s1 = s2`` =
@@ -100,9 +100,10 @@ def norm_rope_rows(
     [A, R, K, B] pointers (every row reads the same cached values) instead of one [A, 1, K, B] row: on
     64-wide rows Triton otherwise lays the product with the weight out in the weight's layout and
     moves the whole tile through shared memory and back, twice per tensor (sm90 PTX: 15 barriers and
-    ldmatrix round trips against 7 barriers and none)."""
+    ldmatrix round trips against 7 barriers and none). ``DIV_POW2``: ``row_stat``'s multiply for a power-of-two D
+    (bit-identical; for issue-bound callers)."""
     x = tl.load(x_ptr + rr * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    stat = row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, ARR_ARKB, LANES, BW, Y, SHFL_ADJ, X_FIRST)
+    stat = row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, ARR_ARKB, LANES, BW, Y, SHFL_ADJ, X_FIRST, DIV_POW2)
     rstd = rsqrt(stat + eps, RSQRT)[None, :, None, None]
     if HAS_W:
         if W_TILE:

@@ -84,10 +84,10 @@ def _qk_norm_rope_3d_kernel(
     s1, s2 = pairs(tl.load(sin_ptr + f_off, mask=mask, other=0.0))
     norm_rope_rows(q_ptr, wq_ptr, qo_ptr, stride_q, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
                    D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
-                   False, 1, 1, q_scale, True, True)  # fmt: skip
+                   False, 1, 1, q_scale, True, True, True)  # fmt: skip
     norm_rope_rows(k_ptr, wk_ptr, ko_ptr, stride_k, rr, cols, cmask, mask, c1, c2, s1, s2, eps, factor,
                    D, FLAVOUR, HAS_W, R, K, A, B, VEC_FORM, LANES, BW, Y, SHFL_ADJ, X_FIRST, RSQRT,
-                   False, 1, 1, q_scale, False, True)  # fmt: skip
+                   False, 1, 1, q_scale, False, True, True)  # fmt: skip
 
 
 _KERNEL = DirectLaunch(_qk_norm_rope_3d_kernel)
