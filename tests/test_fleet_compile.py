@@ -13,7 +13,8 @@ from xbackend.fleet import _resources, _worker
 from xbackend.fleet import compile as fc
 from xbackend.fleet._worker import CompileResult
 
-KERNEL_OPS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "qk_norm_rope")
+KERNEL_OPS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "qk_norm_rope", "qk_norm_rope_3d",
+              "silu_mul")  # fmt: skip
 
 
 def _plan(op: str, chosen: str, quality: str = "lossless", dtype: str = "bfloat16") -> dict[str, str]:
@@ -28,6 +29,8 @@ CUDA_PLANS = [
     _plan("gated_residual", "cuda:cuda_vec"),
     _plan("rotary_embedding", "cuda:triton"),
     _plan("qk_norm_rope", "cuda:triton"),
+    _plan("qk_norm_rope_3d", "cuda:triton"),
+    _plan("silu_mul", "cuda:triton"),
     _plan("neighborhood_attention", "cuda:na_triton"),
 ]
 AMD_PLANS = [

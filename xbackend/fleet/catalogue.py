@@ -98,6 +98,24 @@ def _qk_split(rows: int, heads: int, head_dim: int, label: str) -> Shape:
     return Shape(f"{label} [1,{rows},{d}] torch split h{heads}", make)
 
 
+def _qk3d(spatial: tuple[int, int, int], heads: int, head_dim: int, flavour: str, label: str) -> Shape:
+    # The DiffVAE's attention prelude: heads-last q/k of one tile, the per-head weights, its q scale.
+    shape = (1, *spatial, heads, head_dim)
+
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        w = _t((head_dim,), dtype, device)
+        return (_t(shape, dtype, device), _t(shape, dtype, device), w, w, 1e-6, head_dim**-0.5, 10000.0, flavour)
+
+    return Shape(f"{label} {'x'.join(map(str, spatial))} h{heads} d{head_dim} {flavour}", make)
+
+
+def _silu_mul(shape: tuple[int, ...], label: str) -> Shape:
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        return (_t(shape, dtype, device), _t(shape, dtype, device))
+
+    return Shape(f"{label} {list(shape)}", make)
+
+
 def _na(spatial: tuple[int, ...], heads: int, dim: int, window: tuple[int, ...], label: str,
         stride: tuple[int, ...] | None = None) -> Shape:  # fmt: skip
     n = len(spatial)
@@ -147,6 +165,17 @@ CATALOGUES: dict[str, tuple[Shape, ...]] = {
         _qk(8160, 4096, "diffusers", "dit"),
         _qk_split(32640, 32, 128, "dit ltx-2.3"),
         _qk(126, 2048, "torch", "dit audio"),
+    ),
+    "qk_norm_rope_3d": (
+        _qk3d((40, 96, 96), 4, 64, "torch", "diffvae stage 5"),
+        _qk3d((20, 48, 48), 8, 64, "torch", "diffvae stage 4"),
+        _qk3d((20, 48, 48), 4, 128, "diffusers", "diffvae"),
+    ),
+    # SwiGLU's silu(gate) * up over one of diffusers' 16384-token tiles, hidden widths of stages 1-5.
+    "silu_mul": (
+        _silu_mul((1, 16384, 1024), "diffvae swiglu"),
+        _silu_mul((1, 16384, 4096), "diffvae swiglu"),
+        _silu_mul((1, 3000, 1000), "odd width"),
     ),
     "neighborhood_attention": (
         _na((40, 96, 96), 4, 64, (11, 11, 11), "diffvae stage 5"),

@@ -20,8 +20,10 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
 
 from xbackend.kernels._triton_launch import DirectLaunch
 from xbackend.kernels.rmsnorm.exact import f32
@@ -160,22 +162,27 @@ def tables(lengths: tuple[int, int, int], head_dim: int, base: float, device: to
     found = _TABLES.get(key)
     if found is not None:
         return found
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    cos = torch.zeros(sum(lengths), head_dim, dtype=torch.float32, device=device)
-    sin = torch.zeros_like(cos)
-    row = col = 0
+    # Each axis's rows hold its chunk's channels, zeros elsewhere; built by pad and cat (no in-place
+    # fills: planning for a simulated device builds fake tensors, and a CPU build of torch cannot copy_
+    # into fake CUDA ones)
+    blocks: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    col = 0
     for n, dim in zip(lengths, rope_dim_split(head_dim), strict=True):
         angles = axis_angles(n, dim, base, device)
-        cos[row : row + n, col : col + dim] = angles.cos().repeat_interleave(2, dim=-1)
-        sin[row : row + n, col : col + dim] = angles.sin().repeat_interleave(2, dim=-1)
-        row, col = row + n, col + dim
-    # Cached only when built eagerly (under CUDA-graph capture the fill would only be recorded), never
-    # evicted (another stream may still read an old table), and complete before any other stream can
-    # find it: the one synchronisation per grid shape.
-    if not capturing and len(_TABLES) < _MAX_TABLES:
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
-        _TABLES[key] = (cos, sin)
+        for out, values in zip(blocks, (angles.cos(), angles.sin()), strict=True):
+            out.append(F.pad(values.repeat_interleave(2, dim=-1), (col, head_dim - col - dim)))
+        col += dim
+    cos, sin = torch.cat(blocks[0]), torch.cat(blocks[1])
+    # Cached only when built eagerly on a real device (under CUDA-graph capture the fill would only be
+    # recorded; fake tensors plan for a simulated device), never evicted (another stream may still read
+    # an old table), and complete before any other stream can find it: one synchronisation per grid.
+    if is_fake(cos) or len(_TABLES) >= _MAX_TABLES:
+        return cos, sin
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return cos, sin
+        torch.cuda.current_stream(device).synchronize()
+    _TABLES[key] = (cos, sin)
     return cos, sin
 
 

@@ -94,7 +94,8 @@ def inv_freqs(dim: int, base: float, device: torch.device) -> torch.Tensor:
 def axis_angles(length: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
     """``[length, dim // 2]`` fp32 angles ``position * inv_freq`` of one axis, as diffusers multiplies them."""
     positions = torch.arange(length, dtype=torch.float32, device=device)
-    return positions[:, None] * inv_freqs(dim, base, device)[None, :]
+    # unsqueeze, not [:, None]: the same product, and FakeTensor indexing needs CUDA in a CPU build of torch
+    return positions.unsqueeze(1) * inv_freqs(dim, base, device).unsqueeze(0)
 
 
 def _rotate_axis(x: torch.Tensor, angles: torch.Tensor, axis: int) -> torch.Tensor:
