@@ -98,6 +98,18 @@ def test_tables_are_the_reference_angles_and_cached() -> None:
     assert not cos[:3, 16:].any() and not cos[3:7, :16].any()
 
 
+
+def test_tables_built_from_fake_tensors_are_not_cached() -> None:
+    """Planning on a simulated device (xbackend fleet) builds the tables from fake tensors: never cached."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
+    key = ((2, 3, 5), 32, 10000.0, torch.device("cpu"))
+    with FakeTensorMode():
+        cos, sin = K.tables(*key)
+    assert is_fake(cos) and is_fake(sin) and cos.shape == (10, 32)
+    assert key not in K._TABLES
+
+
 GPU_CASES = [(1, 40, 96, 96, 4, 64), (1, 20, 48, 48, 8, 64), (1, 8, 16, 24, 16, 64), (2, 3, 5, 7, 2, 32),
              (1, 4, 6, 8, 3, 96), (1, 5, 7, 9, 2, 128), (1, 2, 3, 4, 2, 24)]  # fmt: skip
 
