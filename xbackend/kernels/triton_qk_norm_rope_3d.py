@@ -100,6 +100,7 @@ class _Plan(NamedTuple):
     rows: int
     stride_q: int
     stride_k: int
+    divisors: tuple[int, ...]  # magic(heads), magic(W), magic(H), magic(T), flattened: the kernel's divisors
     consts: tuple  # eps (fp32), factor, then the constexprs in signature order
     num_warps: int
     check_alignment: bool  # torch flavour: aten vectorizes only 4-element aligned q, k and weights
@@ -138,7 +139,8 @@ def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numeric
               r, plan.k, plan.a, plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing,
               num.mean_x_first, RSQRT_MATH if interpreting() else num.rsqrt,
               m % r == 0 and plan.k * plan.a * plan.b == d)  # fmt: skip
-    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), consts, warps, flavour == "torch")
+    divisors = tuple(v for size in (q.shape[4], q.shape[3], q.shape[2], q.shape[1]) for v in magic(size))
+    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), divisors, consts, warps, flavour == "torch")
 
 
 def _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule, traits=DEFAULT_TRAITS) -> _Plan | str:
@@ -208,15 +210,13 @@ def qk_norm_rope_3d(q, k, q_weight, k_weight, eps=1e-6, q_scale=1.0, base=10000.
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
     if plan.rows == 0:
         return q_out, k_out
-    heads, d = q.shape[4], q.shape[5]
     lengths = tuple(q.shape[1:4])
-    cos, sin = tables(lengths, d, base, q.device)
+    cos, sin = tables(lengths, q.shape[5], base, q.device)
     eps32, factor, scale32, *consts = plan.consts
     wq = q_weight if q_weight is not None else q
     wk = k_weight if k_weight is not None else k
-    divisors = (m for size in (heads, lengths[2], lengths[1], lengths[0]) for m in magic(size))
     _KERNEL(plan.grid, (q, k, wq, wk, cos, sin, q_out, k_out, plan.rows, plan.stride_q, plan.stride_k, *lengths,
-                        *divisors, eps32, factor, scale32, *consts), num_warps=plan.num_warps, enable_fp_fusion=False)  # fmt: skip
+                        *plan.divisors, eps32, factor, scale32, *consts), num_warps=plan.num_warps, enable_fp_fusion=False)  # fmt: skip
     return q_out, k_out
 
 
