@@ -159,9 +159,12 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the rows as JSON here (rewritten after every case)")
-    ap.add_argument("--cases", default="plain,strided", help="comma-separated groups: plain, strided, head_dims")
+    ap.add_argument("--cases", default="plain,strided", help=f"comma-separated groups: {', '.join(CASES)}")
     ap.add_argument("--smoke", action="store_true", help="two tiny cases on the CPU: checks the script only")
     a = ap.parse_args()
+    unknown = [g for g in a.cases.split(",") if g not in CASES]
+    if unknown:
+        ap.error(f"--cases: expected comma-separated groups from {', '.join(CASES)}, got {', '.join(unknown)}")
     device = torch.device("cpu" if a.smoke else "cuda")
     cases = SMOKE if a.smoke else [c for g in a.cases.split(",") for c in CASES[g]]
     reps = 2  # CPU only: do_bench picks its own repetitions on a GPU

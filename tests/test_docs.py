@@ -299,3 +299,6 @@ def test_na_sol_benchmark_runs_and_renders(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert 0 < data["rows"][1]["triton_useful_of_computed"] <= 1
     assert all(r["rel_err"] < 0.005 for r in data["rows"])
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "na_sol.py"), "--cases", "plain,strides"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert bad.returncode == 2 and "--cases: expected comma-separated groups from plain, strided, head_dims, got strides" in bad.stderr
