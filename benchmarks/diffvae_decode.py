@@ -5,11 +5,12 @@ random weights, bf16) decoding one video on one GPU, patched three ways, plus a 
 
 Modes (all through xbackend.patch, the same neighborhood-attention kernel in each):
   attention only   patch(model, only=("neighborhood_attention",)): diffusers' own glue around it
-  without glue     every kind but the q/k prelude and the SwiGLU product (qk_norm_rope_3d, silu_mul)
+  without glue     every kind but the q/k prelude, the SwiGLU product and the residual-add fold
+                   (qk_norm_rope_3d, silu_mul, add_rmsnorm)
+  adds unfolded    every kind but add_rmsnorm
   full             xbackend.patch(model)
-Prints the median decode time of each, whether "full" and "without glue" are bit-identical to
-"attention only", and a torch.profiler breakdown (CUDA time by kernel family) of one decode of
-"without glue" and of "full". Writes <out>.json. Needs diffusers==0.42.1 and a CUDA GPU.
+Prints the median decode time of each, whether each is bit-identical to "attention only", and a torch.profiler breakdown (CUDA time by kernel family) of one decode of
+each mode but "attention only". Writes <out>.json. Needs diffusers==0.42.1 and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ import xbackend
 
 MODES = {
     "attention only": {"only": ("neighborhood_attention",)},
-    "without glue": {"exclude": ("qk_norm_rope_3d", "silu_mul")},
+    "without glue": {"exclude": ("qk_norm_rope_3d", "silu_mul", "add_rmsnorm")},
+    "adds unfolded": {"exclude": ("add_rmsnorm",)},
     "full": {},
 }
 # Kernel families of the breakdown, first match wins (CUDA kernel names of torch 2.11 / Triton 3.6).
 FAMILIES = [
     ("neighborhood attention", r"_na_fwd|na_triton|flex"),
     ("q/k prelude (qk_norm_rope_3d)", r"qk_norm_rope_3d"),
-    ("RMSNorm / modulate (xbackend)", r"rmsnorm"),
+    ("RMSNorm / modulate / add+norm (xbackend)", r"rmsnorm"),
     ("SwiGLU product (silu_mul)", r"silu_mul"),
     ("GEMM (cuBLAS / CUTLASS)", r"gemm|sm90_xmma|cutlass|nvjet|cublas"),
     ("elementwise mul", r"MulFunctor|mul_"),
@@ -150,7 +152,7 @@ def main() -> None:
     for mode, prof in result["profiles"].items():
         print(f"\nCUDA time by kernel family, one decode, '{mode}': {prof['total_ms']:.0f} ms")
         for fam, ms, n in prof["rows"]:
-            print(f"  {fam:<32} {ms:>9.1f} ms {100 * ms / prof['total_ms']:>5.1f}%  {n:>7} kernels")
+            print(f"  {fam:<42} {ms:>9.1f} ms {100 * ms / prof['total_ms']:>5.1f}%  {n:>7} kernels")
     if args.out:
         with open(f"{args.out}.json", "w") as f:
             json.dump(result, f, indent=2)

@@ -118,6 +118,7 @@ def valid_args(name: str) -> tuple[Any, ...]:
     return {
         "rmsnorm": (x, w),
         "rmsnorm_modulate": (x, x, x),
+        "add_rmsnorm": (x, x, w),
         "gated_residual": (x, x, x),
         "rotary_embedding": (x, x, x),
         "qk_norm_rope": (x, x, w, w, x, x),

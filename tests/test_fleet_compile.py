@@ -13,7 +13,7 @@ from xbackend.fleet import _resources, _worker
 from xbackend.fleet import compile as fc
 from xbackend.fleet._worker import CompileResult
 
-KERNEL_OPS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "qk_norm_rope", "qk_norm_rope_3d",
+KERNEL_OPS = ("rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "rotary_embedding", "qk_norm_rope", "qk_norm_rope_3d",
               "silu_mul")  # fmt: skip
 
 
@@ -25,6 +25,7 @@ CUDA_PLANS = [
     _plan("rmsnorm", "cuda:triton"),
     _plan("rmsnorm", "cuda:triton", quality="high"),  # same impl: compiled once
     _plan("rmsnorm_modulate", "cuda:triton"),
+    _plan("add_rmsnorm", "cuda:triton"),
     _plan("gated_residual", "cuda:triton"),
     _plan("gated_residual", "cuda:cuda_vec"),
     _plan("rotary_embedding", "cuda:triton"),

@@ -508,13 +508,17 @@ def test_diffvae_patched_matches_stock_flex_within_attention_tolerance(one_threa
     expected = decode(model)  # diffusers' own tiled_decode and flex attention
     report = xbackend.patch(model)
     counts = report.counts()
-    assert counts == {"rmsnorm": 25, "rmsnorm_modulate": 4, "qk_norm_rope_3d": 6, "neighborhood_attention": 6,
-                      "silu_mul": 6, "tiled_decode": 1}, counts  # fmt: skip
+    assert counts == {"rmsnorm": 25, "rmsnorm_modulate": 4, "add_rmsnorm": 8, "qk_norm_rope_3d": 6,
+                      "neighborhood_attention": 6, "silu_mul": 6, "tiled_decode": 1}, counts  # fmt: skip
     assert sorted(report.by_kind()["neighborhood_attention"]) == sorted(
         n for n, m in model.named_modules() if hasattr(m, "project_qkv")
     )
     assert report.by_kind()["tiled_decode"] == [""]
     assert sorted(report.by_kind()["rmsnorm_modulate"]) == [f"decoder.diff_blocks.{i}.norm{j}" for i in (0, 1) for j in (1, 2)]
+    det_blocks = [n for n, m in model.named_modules() if type(m).__name__ == "LTX2VideoVaeNABlock"]
+    assert len(det_blocks) == 4 and sorted(report.by_kind()["add_rmsnorm"]) == sorted(
+        [f"{b}.norm2" for b in det_blocks] + report.by_kind()["rmsnorm_modulate"]
+    )
     got = decode(model)
     assert got.shape == expected.shape == (1, 3, 17, 48, 64)
     rel = ((got - expected).norm() / expected.norm()).item()
@@ -543,7 +547,7 @@ def test_diffvae_rewrite_is_bit_identical_with_the_same_attention(one_thread, dt
     report = xbackend.patch(model)
     assert {k.kind for k in report.skipped} == {"neighborhood_attention"}
     assert all("not one of diffusers' own" in k.reason for k in report.skipped)
-    assert report.counts() == {"rmsnorm": 25, "rmsnorm_modulate": 4, "silu_mul": 6, "tiled_decode": 1}
+    assert report.counts() == {"rmsnorm": 25, "rmsnorm_modulate": 4, "add_rmsnorm": 8, "silu_mul": 6, "tiled_decode": 1}
     assert torch.equal(decode(model, dtype), expected)
 
 
@@ -559,9 +563,31 @@ def test_diffvae_fully_patched_is_bit_identical_to_only_its_attention_patched(on
     assert report.counts()["qk_norm_rope_3d"] == report.counts()["silu_mul"] == 6 and not report.skipped, str(report)
     assert torch.equal(decode(model, dtype), expected)
     xbackend.unpatch(model)
-    report = xbackend.patch(model, exclude=("qk_norm_rope_3d", "silu_mul"))
-    assert "qk_norm_rope_3d" not in report.counts() and "silu_mul" not in report.counts()
+    report = xbackend.patch(model, exclude=("qk_norm_rope_3d", "silu_mul", "add_rmsnorm"))
+    assert not {"qk_norm_rope_3d", "silu_mul", "add_rmsnorm"} & set(report.counts())
     assert torch.equal(decode(model, dtype), expected)
+
+
+def test_diffvae_residual_adds_fold_only_into_routed_norms(one_thread) -> None:
+    """A residual add joins the norm that reads its sum where that norm is routed: asked alone, the fold
+    reports each site with what else to patch; hooked on the norm, the add and the hooked norm run."""
+    model = build_diffvae()
+    report = xbackend.patch(model, only=("add_rmsnorm",))
+    assert not report.sites and len(report.skipped) == 8
+    assert {k.reason for k in report.skipped} == {"folds into the norm's rmsnorm site: patch that kind too",
+                                                  "folds into the norm's rmsnorm_modulate site: patch that kind too"}
+    xbackend.unpatch(model)
+    report = xbackend.patch(model, only=("add_rmsnorm", "rmsnorm"))
+    assert report.counts() == {"add_rmsnorm": 4, "rmsnorm": 25}
+    xbackend.unpatch(model)
+    xbackend.patch(model, only=("neighborhood_attention",))
+    expected = decode(model)
+    xbackend.unpatch(model)
+    xbackend.patch(model)
+    block = next(m for m in model.modules() if type(m).__name__ == "LTX2VideoVaeNABlock")
+    seen = []
+    block.norm2.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape))
+    assert torch.equal(decode(model), expected) and seen  # the hooked norm ran, on the sum
 
 
 def test_diffvae_prelude_needs_the_attention_site_and_steps_aside_for_hooks() -> None:

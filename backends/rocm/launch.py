@@ -12,6 +12,7 @@ import torch
 
 from xbackend.kernels import rmsnorm as rms
 from xbackend.kernels import triton_gated_residual, triton_qk_norm_rope, triton_qk_norm_rope_3d
+from xbackend.ops.add_rmsnorm import reference as add_rmsnorm_reference
 from xbackend.ops.qk_norm_rope import reference as qk_norm_rope_reference
 from xbackend.ops.qk_norm_rope_3d import reference as qk_norm_rope_3d_reference
 from xbackend.ops.rmsnorm import reference as rmsnorm_reference
@@ -26,6 +27,10 @@ rmsnorm = rms.rmsnorm_with(NUMERICS, rmsnorm_reference, LAUNCH)
 rmsnorm_modulate = rms.rmsnorm_modulate_with(NUMERICS, modulate_reference, LAUNCH)
 
 
+# The plain / modulate norm's schedules: the tile is the same, only x + update is loaded in it.
+add_rmsnorm = rms.add_rmsnorm_with(NUMERICS, add_rmsnorm_reference, LAUNCH)
+
+
 rmsnorm_fast = rms.rmsnorm_fast_with(NUMERICS)
 
 
@@ -38,6 +43,10 @@ def supports_rmsnorm(x, weight, eps, flavour) -> str | None:
 
 def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:
     return rms.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, alignment=False, numerics=NUMERICS)
+
+
+def supports_add_rmsnorm(x, update, weight, eps, flavour, scale, shift) -> str | None:
+    return rms.supports_add_rmsnorm(x, update, weight, eps, flavour, scale, shift, alignment=False, numerics=NUMERICS)
 
 
 def gated_residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,8 @@
 #!/bin/bash
-# One device call: install the minimal wheels, then the named steps, each teed to $OUT/<step>.txt.
+# One device call: install the wheels in .whl/ and the project, then the named steps, each teed to $OUT/<step>.txt.
 #   bash lab/gpu/run_session.sh STEP [STEP ...]
-set -uo pipefail
-export PYTHONUNBUFFERED=1 XBACKEND_FAST_KEY=0
-OUT=${OUT:-/tmp/xbackend-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-build-isolation --no-deps --no-index .whl/pytest-*.whl .whl/pytest_xdist-*.whl \
-  .whl/execnet-*.whl .whl/pluggy-*.whl .whl/iniconfig-*.whl .whl/packaging-*.whl .whl/pygments-*.whl -e . \
-  >/tmp/install.log 2>&1 || tail -5 /tmp/install.log
+source "$(dirname "$0")/../../benchmarks/_setup.sh"  # every wheel in .whl/ (diffusers too) and the project
+export XBACKEND_FAST_KEY=0
 step() { local name=$1 limit=$2; shift 2; echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt" | tail -60; }
 for s in "$@"; do
   case $s in
@@ -21,6 +17,10 @@ for s in "$@"; do
     narrowbench) step bench_narrow 300 xbackend bench qk_norm_rope_3d rmsnorm rmsnorm_modulate --quick --json "$OUT/bench_narrow.json" ;;
     pointbench) step bench_pointwise 300 xbackend bench rmsnorm rmsnorm_modulate gated_residual rotary_embedding qk_norm_rope --quick --json "$OUT/bench_pointwise.json" ;;
     qkbench) step bench_qk3d 200 xbackend bench qk_norm_rope_3d --json "$OUT/bench_qk3d.json" ;;
+    addtests) step gpu_tests_add_rmsnorm 240 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_triton_add_rmsnorm.py tests/test_add_rmsnorm.py tests/test_gpu_integration.py ;;
+    addbench) step bench_add_rmsnorm 200 xbackend bench add_rmsnorm rmsnorm_modulate --json "$OUT/bench_add_rmsnorm.json" ;;
+    decode) step diffvae_decode 300 python3 benchmarks/diffvae_decode.py --height 1088 --width 1920 --frames 121 --out "$OUT/diffvae_decode" ;;
+    suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -45,6 +45,19 @@ def _modulate(shape: tuple[int, ...], mod_shape: tuple[int, ...], flavour: str, 
                 bytes_moved=(2 * n + 2 * m + (d if weight else 0)) * _E, bar=bar)
 
 
+def _add_norm(shape: tuple[int, ...], modulate: bool, bar: bool = False) -> Case:
+    n, d = math.prod(shape), shape[-1]
+    mod = (1,) * (len(shape) - 1) + (d,)
+
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        sc, sh = (_rand(mod, dev, g, 0.1), _rand(mod, dev, g, 0.1)) if modulate else (None, None)
+        return (_rand(shape, dev, g), _rand(shape, dev, g), _rand((d,), dev, g), 1e-6, "torch", sc, sh)
+
+    # x and update read once, the sum and the norm written once; weight (and scale, shift) once
+    return Case("add_rmsnorm", f"add+{'modulate' if modulate else 'rmsnorm'} torch {list(shape)} w", make,
+                bytes_moved=(4 * n + d * (3 if modulate else 1)) * _E, bar=bar)
+
+
 def _gated(name: str, rows: int, d: int, gate: str, small: bool = False, bar: bool = False) -> Case:
     gate_shape = {"bcast": (1, 1, d), "full": (1, rows, d), "token": (1, rows, 1)}[gate]
     return Case("gated_residual", f"{name} {gate} [1,{rows},{d}]",
@@ -141,6 +154,9 @@ CASES: dict[str, list[Case]] = {
         _modulate((1, 40, 96, 96, 256), (1, 1, 1, 1, 256), "torch", True, True),
         _modulate((1, 20, 48, 48, 512), (1, 1, 1, 1, 512), "torch", True, True),
     ],
+    # The DiffVAE's residual adds with the norm that reads them: stage 5 (modulated), stages 4 and 2.
+    "add_rmsnorm": [_add_norm((1, 40, 96, 96, 256), True, True), _add_norm((1, 20, 48, 48, 512), False, True),
+                    _add_norm((1, 10, 24, 24, 1024), False)],
     # LTX-2.3, Ideogram 4 and FLUX.2 DiT shapes, plus a per-token gate.
     "gated_residual": [
         _gated("ltx2", 32640, 4096, "bcast", bar=True),

@@ -52,6 +52,17 @@ def _modulate(shape: tuple[int, ...], flavour: str, weight: bool, label: str) ->
     return Shape(f"{label} {list(shape)} mod{list(mod)} {flavour}{' w' if weight else ''}", make)
 
 
+def _add_norm(shape: tuple[int, ...], flavour: str, modulate: bool, label: str) -> Shape:
+    mod = (1,) * (len(shape) - 1) + shape[-1:]
+
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        x, w = _t(shape, dtype, device), _t(shape[-1:], dtype, device)
+        sc, sh = (_t(mod, dtype, device), _t(mod, dtype, device)) if modulate else (None, None)
+        return (x, _t(shape, dtype, device), w, 1e-6, flavour, sc, sh)
+
+    return Shape(f"{label} {list(shape)}{' mod' + str(list(mod)) if modulate else ''} {flavour}", make)
+
+
 def _gated(rows: int, d: int, gate: str, label: str) -> Shape:
     gate_shape = {"bcast": (1, 1, d), "full": (1, rows, d), "token": (1, rows, 1)}[gate]
 
@@ -146,6 +157,14 @@ CATALOGUES: dict[str, tuple[Shape, ...]] = {
         _modulate((1, 126, 2048), "torch", False, "dit audio"),
         _modulate((1, 40, 96, 96, 256), "torch", True, "diffvae stage 5"),
         _modulate((1, 16, 48, 80, 512), "torch", True, "diffvae"),
+    ),
+    # A residual add and the norm that reads it: the DiffVAE's blocks at every stage width.
+    "add_rmsnorm": (
+        _add_norm((1, 40, 96, 96, 256), "torch", True, "diffvae stage 5"),
+        _add_norm((1, 20, 48, 48, 512), "torch", False, "diffvae stage 4"),
+        _add_norm((1, 10, 24, 24, 1024), "torch", False, "diffvae stage 2"),
+        _add_norm((1, 5, 12, 12, 2048), "torch", False, "diffvae stage 1"),
+        _add_norm((1, 8160, 4096), "diffusers", False, "dit"),
     ),
     "gated_residual": (
         _gated(32640, 4096, "bcast", "dit"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .._opspec import OpSpec
 from . import (
+    add_rmsnorm,
     gated_residual,
     neighborhood_attention,
     qk_norm_rope,
@@ -18,7 +19,7 @@ from . import (
 
 OPS: dict[str, OpSpec] = {
     m.SPEC.name: m.SPEC
-    for m in (rmsnorm, rmsnorm_modulate, gated_residual, rotary_embedding, qk_norm_rope, qk_norm_rope_3d, neighborhood_attention,
+    for m in (rmsnorm, rmsnorm_modulate, add_rmsnorm, gated_residual, rotary_embedding, qk_norm_rope, qk_norm_rope_3d, neighborhood_attention,
               silu_mul)
 }
 

@@ -4,9 +4,11 @@
 
 - ``torch.nn.RMSNorm`` (flavour "torch") and diffusers ``RMSNorm`` (flavour "diffusers") get a forward
   that calls ``get_op("rmsnorm")``; parameters and state_dict stay as they are.
-- ``LTX2VideoTransformerBlock`` and the DiffVAE's ``LTX2VideoVaeDiffusionNABlock`` get a forward that
-  computes what diffusers 0.42.1 computes, with ``norm(x) * (1 + scale) + shift`` as
-  ``rmsnorm_modulate`` and ``x + out * gate`` as ``gated_residual`` (``ltx2_blocks.py``).
+- ``LTX2VideoTransformerBlock`` gets a forward that computes what diffusers 0.42.1 computes, with
+  ``norm(x) * (1 + scale) + shift`` as ``rmsnorm_modulate`` and ``x + out * gate`` as
+  ``gated_residual`` (``ltx2_blocks.py``). The DiffVAE's ``LTX2VideoVaeDiffusionNABlock`` and
+  ``LTX2VideoVaeNABlock`` get one that also folds each residual add into the norm that reads its sum
+  (``add_rmsnorm``; ``ltx2_vae_blocks.py``).
 - ``LTX2Attention`` layers with interleaved RoPE get a processor that applies it with
   ``get_op("rotary_embedding")`` (otherwise diffusers' ``LTX2AudioVideoAttnProcessor``, transcribed).
 - The DiffVAE's neighborhood attention runs ``get_op("neighborhood_attention")`` in place of diffusers'
@@ -32,7 +34,7 @@ from typing import Any
 
 from torch import nn
 
-from . import ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp
+from . import ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp, ltx2_vae_blocks
 from ._common import (
     KINDS,
     Findings,
@@ -59,7 +61,8 @@ PATCHES: dict[str, tuple[Patch, Unpatch | None]] = {
     "diffusers.models.normalization.RMSNorm": (patch_rmsnorm, None),
     f"{_LTX2}.LTX2VideoTransformerBlock": (ltx2_blocks.patch_transformer_block, None),
     f"{_LTX2}.LTX2Attention": (ltx2_attention.patch_rope_processor, ltx2_attention.unpatch_rope_processor),
-    f"{_DIFFVAE}.LTX2VideoVaeDiffusionNABlock": (ltx2_blocks.patch_diffusion_block, None),
+    f"{_DIFFVAE}.LTX2VideoVaeDiffusionNABlock": (ltx2_vae_blocks.patch_diffusion_block, None),
+    f"{_DIFFVAE}.LTX2VideoVaeNABlock": (ltx2_vae_blocks.patch_na_block, None),
     f"{_DIFFVAE}.LTX2VideoVaeSwiGLU": (ltx2_mlp.patch_swiglu, None),
     f"{_DIFFVAE}.LTX2VideoVaeNeighborhoodAttention": (ltx2_attention.patch_na_processor, ltx2_attention.unpatch_na_processor),
     f"{_DIFFVAE}.LTX2VideoDiffusionDecoderModel": (ltx2_diffvae.patch_tiled_decode, None),

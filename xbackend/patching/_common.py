@@ -24,11 +24,12 @@ from torch.nn.modules import module as _module_mod
 from .._api import get_op
 
 # The kinds of site a patch can route through xbackend.
-KINDS = ("rmsnorm", "rmsnorm_modulate", "gated_residual", "rotary_embedding", "qk_norm_rope_3d", "neighborhood_attention",
+KINDS = ("rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "rotary_embedding", "qk_norm_rope_3d", "neighborhood_attention",
          "silu_mul", "tiled_decode")
 
 _RMSNORM = get_op("rmsnorm")
 _RMSNORM_MODULATE = get_op("rmsnorm_modulate")
+_ADD_RMSNORM = get_op("add_rmsnorm")
 _GATED_RESIDUAL = get_op("gated_residual")
 _ROTARY = get_op("rotary_embedding")
 _QK_NORM_ROPE = get_op("qk_norm_rope")
@@ -287,6 +288,35 @@ def norm_modulate(
         if sized and can_modulate(x, scale, shift, weight):
             return _RMSNORM_MODULATE(x, scale, shift, weight, norm.eps, flavour)
     return norm(x) * (1 + scale) + shift
+
+
+def can_add(x: torch.Tensor, update: torch.Tensor) -> bool:
+    """``x + update`` is the op's sum: same dtype, device and shape, both contiguous (eager's sum then
+    comes out contiguous, as the op's does; strided inputs can give it other strides)."""
+    return (
+        x.dtype in _FLOAT
+        and _like(update, x)
+        and update.shape == x.shape
+        and x.is_contiguous()
+        and update.is_contiguous()
+    )
+
+
+def add_norm(
+    norm: nn.Module, flavour: str | None, x: torch.Tensor, update: torch.Tensor,
+    scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h, norm(h))`` with ``h = x + update``, the norm output modulated (``* (1 + scale) + shift``)
+    when scale and shift are given: one ``add_rmsnorm`` call, or, where these inputs are not that op,
+    the add and then the norm site as it is routed otherwise. ``flavour``: as in `norm_modulate`."""
+    if flavour is not None and still_fusable(norm, flavour) and can_add(x, update):
+        weight = norm.weight
+        sized = flavour != "torch" or x.shape[-1] == norm.normalized_shape[0]
+        fits = can_rmsnorm(x, weight) if scale is None else can_modulate(x, scale, shift, weight)
+        if sized and fits:
+            return _ADD_RMSNORM(x, update, weight, norm.eps, flavour, scale, shift)
+    h = x + update
+    return h, (norm(h) if scale is None else norm_modulate(norm, flavour, h, scale, shift))
 
 
 def can_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> bool:

@@ -1,8 +1,7 @@
-"""LTX-2 block forwards of diffusers 0.42.1, routed through xbackend.
+"""The LTX-2 transformer block's forward of diffusers 0.42.1, routed through xbackend.
 
-Mirror, operation for operation, ``LTX2VideoTransformerBlock.forward``
-(``diffusers/models/transformers/transformer_ltx2.py``) and ``LTX2VideoVaeDiffusionNABlock.forward``
-(``diffusers/models/autoencoders/ltx2_diffusion_decoder.py``): every value is computed the way
+Mirrors, operation for operation, ``LTX2VideoTransformerBlock.forward``
+(``diffusers/models/transformers/transformer_ltx2.py``): every value is computed the way
 diffusers does, in the same order, except that ``norm(x) * (1 + scale) + shift`` goes to
 ``rmsnorm_modulate`` and ``x + out * gate`` to ``gated_residual`` where the fused op is the same
 expression (checked per call; otherwise the expression runs as written). `patch` checks the installed
@@ -58,10 +57,6 @@ _TRANSFORMER_GATES = {
     "video_to_audio_attn": "audio_hidden_states + v2a_gate * v2a_attn_hidden_states",
     "ff": "hidden_states + ff_output * gate_mlp",
     "audio_ff": "audio_hidden_states + audio_ff_output * audio_gate_mlp",
-}
-_DIFFUSION_NORMS = {
-    "norm1": "norm1(hidden_states) * (1 + scale_msa) + shift_msa",
-    "norm2": "norm2(hidden_states) * (1 + scale_mlp) + shift_mlp",
 }
 
 
@@ -271,9 +266,11 @@ def _transformer_gates_used(block: nn.Module) -> dict[str, bool]:
     return used
 
 
-def _fusable_norms(block: nn.Module, descriptions: dict[str, str], used: dict[str, bool], enabled: bool) -> tuple[
+def fusable_norms(block: nn.Module, descriptions: dict[str, str], used: dict[str, bool], enabled: bool) -> tuple[
     dict[str, str | None], list[Site], list[Skipped]
 ]:
+    """Per modulated norm of ``block`` (``descriptions``: name -> the expression it fuses), its flavour
+    where the fused op reproduces it, else None; the sites that fuse and the ones left as written."""
     flavours: dict[str, str | None] = {}
     sites: list[Site] = []
     skipped: list[Skipped] = []
@@ -310,19 +307,20 @@ def patch_transformer_block(block: nn.Module, path: str, found: Findings, option
         existing.report(path, found, new=False)
         return
     gates = "gated_residual" in kinds
-    flavours, sites, skipped = _fusable_norms(
+    flavours, sites, skipped = fusable_norms(
         block, _TRANSFORMER_NORMS, _transformer_norms_used(block), "rmsnorm_modulate" in kinds
     )
     if gates:
         used = _transformer_gates_used(block)
         sites += [Site("gated_residual", name, expr) for name, expr in _TRANSFORMER_GATES.items() if used[name]]
     forward = transformer_block_forward(flavours, gates)
-    _install_block(block, path, found, forward, sites, skipped)
+    install_block(block, path, found, forward, sites, skipped)
 
 
-def _install_block(
+def install_block(
     block: nn.Module, path: str, found: Findings, forward: Callable[..., Any], sites: list[Site], skipped: list[Skipped]
 ) -> None:
+    """Install ``forward`` on ``block`` when it routes any site and diffusers' forward is the one it mirrors."""
     problem = _structure_problem(block, forward)
     if problem is not None:
         for site in sites:
@@ -332,43 +330,3 @@ def _install_block(
     if sites:  # nothing to route (every site skipped or not asked for): the block keeps its forward
         install(block, "forward", mark(forward, tag))
     tag.report(path, found, new=True)
-
-
-# -- LTX2VideoVaeDiffusionNABlock (the DiffVAE's stage-5 block) ------------------------------------------
-def diffusion_block_forward(flavours: dict[str, str | None]) -> Callable[..., Any]:
-    """A forward for one LTX2VideoVaeDiffusionNABlock; its residuals are ungated, so only the two
-    adaLN modulations can fuse."""
-    f_norm1, f_norm2 = flavours["norm1"], flavours["norm2"]
-
-    def forward(
-        self: nn.Module,
-        hidden_states: torch.Tensor,
-        latent_context: torch.Tensor,
-        modulation: tuple[torch.Tensor, ...],
-        block_mask: Any = None,
-    ) -> torch.Tensor:
-        # Shared adaLN chunks plus this block's own table; chunks 2, 5 and 6 (gates) go unused.
-        mods = [modulation[i] + self.scale_shift_table[i].view(1, 1, 1, 1, -1) for i in range(self.num_mod_params)]
-        scale_msa, shift_msa, _, scale_mlp, shift_mlp, _, _ = mods
-        hidden_states = hidden_states + self.context_proj(latent_context)
-        x = norm_modulate(self.norm1, f_norm1, hidden_states, scale_msa, shift_msa)
-        hidden_states = hidden_states + self.attn(x, block_mask)
-        x = norm_modulate(self.norm2, f_norm2, hidden_states, scale_mlp, shift_mlp)
-        return hidden_states + self.mlp(x)
-
-    return forward
-
-
-def patch_diffusion_block(block: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
-    existing = own_override(block, "forward")
-    if existing is not None:
-        existing.report(path, found, new=False)
-        return
-    if "rmsnorm_modulate" not in options.kinds:
-        return
-    if block.num_mod_params != 7:
-        for name in _DIFFUSION_NORMS:
-            found.skip("rmsnorm_modulate", f"{path}.{name}", f"num_mod_params={block.num_mod_params}; diffusers unpacks 7")
-        return
-    flavours, sites, skipped = _fusable_norms(block, _DIFFUSION_NORMS, dict.fromkeys(_DIFFUSION_NORMS, True), True)
-    _install_block(block, path, found, diffusion_block_forward(flavours), sites, skipped)

@@ -22,6 +22,9 @@ and the tiles they load), ``supports`` (which inputs each kernel takes), ``launc
 vendor launch traits, the cached per-call path). The entry points below take the ``Numerics`` to
 reproduce explicitly; a vendor backend binds its own with ``rmsnorm_with`` and friends.
 
+``add_rmsnorm`` runs the same exact kernel on ``x + update`` (rounded as eager's add rounds it) and
+also writes that sum.
+
 ``rmsnorm_fast`` / ``rmsnorm_modulate_fast`` use one ``tl.sum`` of squares instead, for inputs the
 exact kernels reject: ulp-bounded, not bit-exact (``fast``).
 """
@@ -57,6 +60,7 @@ from xbackend.kernels.rmsnorm.numerics import (
 )
 from xbackend.kernels.rmsnorm.supports import (
     NotVectorizable,
+    supports_add_rmsnorm,
     supports_rmsnorm,
     supports_rmsnorm_fast,
     supports_rmsnorm_fast_diffusers,
@@ -102,6 +106,24 @@ def rmsnorm_modulate(
 ) -> torch.Tensor:
     """``rmsnorm(x) * (1 + scale) + shift`` in one kernel, every step rounded like eager."""
     return launcher(Variant(True, numerics, traits, schedule))(x, weight, scale, shift, eps, flavour)
+
+
+def add_rmsnorm(
+    x: torch.Tensor,
+    update: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    *,
+    numerics: Numerics,
+    schedule: Schedule = _DEFAULT,
+    traits: LaunchTraits = DEFAULT_TRAITS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h, rmsnorm(h))`` with ``h = x + update``, modulated when scale and shift are given; one kernel
+    reads x and update once and writes both outputs. The schedule is the plain (or modulate) norm's."""
+    return launcher(Variant(True, numerics, traits, schedule))(x, weight, scale, shift, eps, flavour, None, update)
 
 
 def rmsnorm_stats(
@@ -182,6 +204,22 @@ def rmsnorm_modulate_with(
     return rmsnorm_modulate_fixed
 
 
+def add_rmsnorm_with(
+    numerics: Numerics, fallback: Callable[..., tuple[torch.Tensor, torch.Tensor]], traits: LaunchTraits = DEFAULT_TRAITS
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``add_rmsnorm`` for one fixed ``numerics`` and ``traits`` (see ``rmsnorm_with``: a torch-flavour
+    weight aten would not vectorize on returns ``fallback(...)``; the sum is always a fresh aligned row)."""
+    run = launcher(Variant(True, numerics, traits))
+
+    def add_rmsnorm_fixed(x, update, weight, eps, flavour, scale, shift) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return run(x, weight, scale, shift, eps, flavour, None, update)
+        except NotVectorizable:
+            return fallback(x, update, weight, eps, flavour, scale, shift)
+
+    return add_rmsnorm_fixed
+
+
 def rmsnorm_fast_with(numerics: Numerics) -> Callable[..., torch.Tensor]:
     """``rmsnorm_fast`` with one vendor's reciprocal square root (a backend's registered impl)."""
     run = launcher(Variant(False, numerics))
@@ -219,6 +257,8 @@ __all__ = [
     "Schedule",
     "ScheduleEntry",
     "Verification",
+    "add_rmsnorm",
+    "add_rmsnorm_with",
     "rmsnorm",
     "rmsnorm_fast",
     "rmsnorm_fast_with",
@@ -229,6 +269,7 @@ __all__ = [
     "rmsnorm_stats",
     "rmsnorm_with",
     "schedule_table",
+    "supports_add_rmsnorm",
     "supports_rmsnorm",
     "supports_rmsnorm_fast",
     "supports_rmsnorm_fast_diffusers",

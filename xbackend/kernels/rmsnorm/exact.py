@@ -2,7 +2,8 @@
 
 ``_rmsnorm_exact_kernel`` loads a tile of R rows whose axes are the emulated aten kernel's (thread,
 vector lane, loop iteration), computes each row's statistic in that kernel's order (``row_stat``),
-then normalizes (and modulates) with eager's roundings. The host side here derives the tile from a
+then normalizes (and modulates) with eager's roundings. With ``RESIDUAL`` the row is first the sum
+``x + update``, rounded to x's dtype as eager's add rounds it and stored (the op's first output). The host side here derives the tile from a
 ``Numerics`` record and the row shape, as aten derives its launch:
 
 * "torch" (``layer_norm_kernel.cu``): ``torch_threads`` threads, 4-element vectors, thread ``t`` reads
@@ -58,9 +59,12 @@ def _rmsnorm_exact_kernel(
     sh_ptr,
     out_ptr,
     stat_ptr,
+    u_ptr,  # RESIDUAL: the update added to x
+    h_ptr,  # RESIDUAL: receives x + update, contiguous [M, D]
     M,
     stride_xm,
     col_stride,
+    stride_um,
     sc_inner,
     sc_so,
     sc_si,
@@ -90,6 +94,7 @@ def _rmsnorm_exact_kernel(
     RSQRT: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.pdl_capable)
     MOD_FLAT: tl.constexpr,  # scale and shift are one [D] row for every row: loaded once, like the weight
+    RESIDUAL: tl.constexpr,  # normalize x + update (and store it), not x
 ):
     if PDL:
         gdc_wait()  # the previous grid may have written x: wait for it before any load
@@ -113,6 +118,11 @@ def _rmsnorm_exact_kernel(
     cmask = cols < D
     mask = (rr < M) & cmask
     x = tl.load(x_ptr + (rr * stride_xm + toff) + koff, mask=mask, other=0.0)
+    if RESIDUAL:
+        u = tl.load(u_ptr + (rr * stride_um + toff) + koff, mask=mask, other=0.0)
+        # eager's add: one fp32 sum rounded to x's dtype; the norm reads that rounded sum
+        x = (x.to(tl.float32) + u.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(h_ptr + (rr * D + toff) + koff, x, mask=mask)
     x = x.to(tl.float32)
 
     stat = row_stat(x, factor, D, FLAVOUR, R, K, A, B, VEC_FORM, ARR, LANES, BW, Y, SHFL_ADJ, X_FIRST)
@@ -166,6 +176,7 @@ class ExactConstexprs(NamedTuple):
     RSQRT: int
     PDL: bool
     MOD_FLAT: bool
+    RESIDUAL: bool
 
 
 def last_pow2(n: int) -> int:

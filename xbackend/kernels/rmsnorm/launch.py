@@ -231,6 +231,8 @@ class LaunchPlan(NamedTuple):
     m: int
     rows_view: bool  # x's rows are evenly strided: pass x itself with stride_xm; else copy (rows_of)
     stride_xm: int
+    update_view: bool  # the same for update (residual plans; True otherwise)
+    stride_um: int
     sc_l: tuple[int, int, int, int] | None  # scale layout; None: recompute per call (needs a copy)
     sh_l: tuple[int, int, int, int] | None
     scalars: tuple[float, float]  # eps in fp32, then the statistic's factor (exact) or 1 / D (fast)
@@ -251,18 +253,26 @@ def plan(
     eps: float,
     flavour: str,
     store_stat: bool,
+    update: torch.Tensor | None = None,
 ) -> LaunchPlan:
-    """The launch of ``v`` for inputs with these shapes, strides and dtypes; ValueError if unsupported."""
+    """The launch of ``v`` for inputs with these shapes, strides and dtypes; ValueError if unsupported.
+    With ``update`` the kernel normalizes ``x + update`` (exact variant only)."""
     if v.exact:
         reason = exact_reason(x, weight, flavour, v.numerics, False)
     else:
         reason = supports_rmsnorm_fast(x, weight, eps, flavour)
+        if update is not None:
+            reason = reason or "the residual add runs on the exact kernel only"
+    if update is not None and (update.shape != x.shape or update.dtype != x.dtype or update.device != x.device):
+        reason = reason or "update's shape, dtype or device differs from x"
     if reason:
         raise ValueError(f"triton rmsnorm {'exact' if v.exact else 'fast'}: {reason}")
     d = x.shape[-1]
     m = x.numel() // max(d, 1)
     x2 = rows_of(x)
     rows_view = x2.data_ptr() == x.data_ptr() or x.numel() == 0
+    u2 = rows_of(update) if update is not None else x2
+    update_view = update is None or u2.data_ptr() == update.data_ptr() or update.numel() == 0
     sc_l = sh_l = NO_BCAST
     if scale is not None and shift is not None:
         sc, *sc_l = bcast_layout(scale, x.shape)
@@ -279,7 +289,8 @@ def plan(
         tile, factor, r, warps = exact_schedule(m, d, flavour, v.numerics, schedule)
         if flavour == "torch":
             align = TORCH_VEC * x.element_size()
-            check_x = x.is_contiguous()
+            # aten vectorizes on the pointer it normalizes: with a residual that is the fresh sum
+            check_x = x.is_contiguous() and update is None
             check_w = weight is not None and weight.is_contiguous()
         arrangement = schedule.arrangement
         if arrangement is None:
@@ -308,6 +319,7 @@ def plan(
             RSQRT=rsqrt,
             PDL=pdl,
             MOD_FLAT=flat and scale is not None,
+            RESIDUAL=update is not None,
         )
     else:
         block_d = next_pow2(d)
@@ -329,6 +341,8 @@ def plan(
         m=m,
         rows_view=rows_view,
         stride_xm=x2.stride(0) if x2.dim() == 2 else d,
+        update_view=update_view,
+        stride_um=u2.stride(0) if u2.dim() == 2 else d,
         sc_l=sc_l,
         sh_l=sh_l,
         scalars=scalars,
@@ -349,7 +363,8 @@ class Launcher:
     """Launches one ``Variant``: ``launcher(x, weight, scale, shift, eps, flavour, stat)`` -> output.
 
     ``stat`` (exact only): a float32 [M] tensor that receives each row's rstd ("torch") or mean of
-    squares ("diffusers"). Raises ValueError for inputs the variant does not support and
+    squares ("diffusers"). ``update`` (exact only): normalize ``x + update`` instead, and return
+    ``(x + update, output)``. Raises ValueError for inputs the variant does not support and
     ``NotVectorizable`` for a torch-flavour call whose pointers aten would not vectorize."""
 
     __slots__ = ("plans", "variant")
@@ -367,7 +382,8 @@ class Launcher:
         eps: float,
         flavour: str,
         stat: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        update: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # The plan depends on metadata only; the pointer alignments aten checks are re-read per call.
         key = (
             x.shape,
@@ -380,17 +396,23 @@ class Launcher:
             eps,
             flavour,
             stat is None,
+            update is None or meta(update),
         )
         lp = self.plans.get(key)
         if lp is None:
-            lp = plan(self.variant, x, weight, scale, shift, eps, flavour, stat is not None)
+            lp = plan(self.variant, x, weight, scale, shift, eps, flavour, stat is not None, update)
             if len(self.plans) < MAX_PLANS:
                 self.plans[key] = lp
         if lp.align and ((lp.check_x and x.data_ptr() % lp.align) or (lp.check_w and weight.data_ptr() % lp.align)):
             raise NotVectorizable(f"triton rmsnorm exact: {ALIGN_REASON}")
         out = torch.empty_like(x, memory_format=torch.contiguous_format)  # a third of torch.empty's host cost
+        if update is not None:
+            h = torch.empty_like(x, memory_format=torch.contiguous_format)
+            result: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = (h, out)
+        else:
+            result = out
         if lp.m == 0 or x.shape[-1] == 0:
-            return out
+            return result
         xr = x if lp.rows_view else rows_of(x)
         sc = sh = xr
         sc_l = sh_l = NO_BCAST
@@ -399,8 +421,12 @@ class Launcher:
             sh, sh_l = (shift, lp.sh_l) if lp.sh_l is not None else _contiguous_layout(shift, x.shape)
         w = weight if weight is not None else xr
         if lp.exact:
-            ptrs: tuple = (xr, w, sc, sh, out, stat if stat is not None else out)
-            tail = (lp.m, lp.stride_xm, COL_STRIDE, *sc_l, *sh_l, *lp.scalars, *lp.consts)
+            if update is not None:
+                u = update if lp.update_view else rows_of(update)
+            else:
+                u, h = xr, out  # unread: RESIDUAL is off
+            ptrs: tuple = (xr, w, sc, sh, out, stat if stat is not None else out, u, h)
+            tail = (lp.m, lp.stride_xm, COL_STRIDE, lp.stride_um, *sc_l, *sh_l, *lp.scalars, *lp.consts)
             fn = _rmsnorm_exact_kernel
         else:
             ptrs = (xr, w, sc, sh, out)
@@ -408,15 +434,15 @@ class Launcher:
             fn = _rmsnorm_fast_kernel
         if not _DIRECT:  # the interpreter
             fn[lp.grid](*ptrs, *tail, **lp.options)
-            return out
+            return result
         device = xr.get_device()
         if device < 0:  # not a GPU tensor: Triton's own path gives its own error
             fn[lp.grid](*ptrs, *tail, **lp.options)
-            return out
+            return result
         if device != _triton_launch._current_device():  # Triton launches on the current device: go to the data
             with torch.cuda.device(device):
                 fn[lp.grid](*ptrs, *tail, **lp.options)
-            return out
+            return result
         ints = tuple([t.data_ptr() for t in ptrs])
         # Triton specialises pointers on 16-byte alignment; everything else in the key is fixed by lp.
         kkey = (device, *[p & 15 == 0 for p in ints])
@@ -427,7 +453,7 @@ class Launcher:
                 lp.kernels[kkey] = kernel
         else:
             launch_compiled(kernel, lp.grid, device, (*ints, *tail))
-        return out
+        return result
 
 
 @functools.lru_cache(maxsize=256)

@@ -130,6 +130,37 @@ def supports_rmsnorm_modulate(
     return reason or _check_bcast(x, scale, "scale") or _check_bcast(x, shift, "shift")
 
 
+def supports_add_rmsnorm(
+    x: torch.Tensor,
+    update: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    flavour: str,
+    scale: torch.Tensor | None,
+    shift: torch.Tensor | None,
+    *,
+    numerics: Numerics,
+    alignment: bool = True,
+) -> str | None:
+    """None if ``add_rmsnorm`` is bit-exact on this input, else a short reason. aten normalizes the sum
+    it allocates (contiguous, aligned), so x's own layout and alignment do not matter; the weight's
+    alignment does (``alignment=False`` leaves it to the call, see ``supports_rmsnorm``)."""
+    if not isinstance(update, torch.Tensor) or update.shape != x.shape:
+        return "update's shape differs from x"
+    if update.dtype != x.dtype or update.device != x.device:
+        return "update's dtype or device differs from x"
+    reason = exact_reason(x, weight, flavour, numerics, False)
+    if reason is None and alignment and flavour == "torch" and weight is not None:
+        align = TORCH_VEC * x.element_size()
+        if weight.is_contiguous() and weight.data_ptr() % align:
+            reason = ALIGN_REASON
+    if reason is None and (scale is None) != (shift is None):
+        reason = "scale and shift come together"
+    if reason is None and scale is not None:
+        reason = _check_bcast(x, scale, "scale") or _check_bcast(x, shift, "shift")
+    return reason
+
+
 def supports_rmsnorm_fast(x: torch.Tensor, weight: torch.Tensor | None, eps: float, flavour: str) -> str | None:
     """None if ``rmsnorm_fast`` can run (approximate: ulp contract, not exact)."""
     reason = _check_common(x, weight, flavour)
@@ -169,6 +200,7 @@ __all__ = [
     "aten_vectorizes",
     "exact_reason",
     "interpreting",
+    "supports_add_rmsnorm",
     "supports_rmsnorm",
     "supports_rmsnorm_fast",
     "supports_rmsnorm_fast_diffusers",
