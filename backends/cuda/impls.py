@@ -53,7 +53,8 @@ IMPLS: list[Impl] = [
          verified_on=H200),
     Impl(op="add_rmsnorm", name="triton", fn=f"{_L}:add_rmsnorm", supports=f"{_L}:supports_add_rmsnorm",
          priority=100, devices=POINTWISE, available=triton_available,
-         description="Triton, residual add + norm (+ modulate) in one pass, eager's roundings (bit-exact)"),
+         description="Triton, residual add + norm (+ modulate) in one pass, eager's roundings (bit-exact)",
+         verified_on=H200),
     # CUDA C++ ranks above Triton; a failed build or launch falls to Triton, then the reference.
     Impl(op="gated_residual", name="cuda_vec", fn=f"{_L}:gated_residual_cuda",
          supports=f"{_K}.cuda_gated_residual:supports", priority=110, devices=POINTWISE, available=_cuda_ext_available,
