@@ -4,7 +4,8 @@ a GPU run shows it faster at equal accuracy.
 
     python3 lab/gpu/na_tma.py --check     # CPU: interpreter vs the fp32 reference; sm90 compile:
                                           # registers, spills, and whether the PTX has TMA and wgmma
-    python3 lab/gpu/na_tma.py --time      # GPU: this kernel vs na_triton at benchmarks/na_sol.py's cases
+    python3 lab/gpu/na_tma.py --time [--groups plain]  # GPU: this kernel (and warp-specialised) vs na_triton
+                                                       # at benchmarks/na_sol.py's cases
 
 Descriptors: one per program and tensor over its (batch, head, dilation group) sub-grid,
 shape [N0, N1, N2, head_dim], strides (d0*s0, d1*s1, d2*s2, 1), block [T0, T1, T2, HEAD_PAD]. A box
@@ -71,8 +72,10 @@ def _na_tma_kernel(
     N2 = (L2 - g2 + DIL2 - 1) // DIL2
     nt1 = tl.cdiv(N1, TQ1)
     nt2 = tl.cdiv(N2, TQ2)
-    if pid_t >= tl.cdiv(N0, TQ0) * nt1 * nt2:
-        return
+    # No early return: Triton's warp-specialisation pass needs structured control flow (a `return`
+    # here lowers to cf.cond_br, which its task-id propagation asserts on). A program past this
+    # dilation group's tiles redoes the group's last tile and stores the same values.
+    pid_t = tl.minimum(pid_t, tl.cdiv(N0, TQ0) * nt1 * nt2 - 1)
     t2 = pid_t % nt2
     t1 = (pid_t // nt2) % nt1
     t0 = pid_t // (nt1 * nt2)
@@ -236,20 +239,31 @@ def check_sm90() -> None:
               f"wgmma.mma_async {ptx.count('wgmma.mma_async')}, ld.shared {ptx.count('ld.shared')}")
 
 
-def time_cases() -> None:
+# Warp-specialised variants per case name: (label, q_tile, kv_tile, num_warps, num_stages); the
+# default config's tiles with warp specialisation are always timed.
+WS_VARIANTS = {
+    "3-D video": [("ws q2x8x8 w8 s2", (2, 8, 8), (1, 2, 32), 8, 2), ("ws q2x4x8 s2", (2, 4, 8), (1, 2, 32), 4, 2)],
+    "DiffVAE stage-5 tile": [("ws q4x4x8 w8 s2", (4, 4, 8), (2, 2, 16), 8, 2), ("ws q4x4x4 s2", (4, 4, 4), (2, 2, 16), 4, 2)],
+}
+
+
+def time_cases(groups: list[str]) -> None:
     from na_sol import CASES, args_of
     from triton.testing import do_bench
 
     from xbackend.ops.neighborhood_attention import attend_fp32
 
-    for case in [c for g in CASES.values() for c in g]:
+    for case in [c for g in groups for c in CASES[g]]:
         args = args_of(case, torch.device("cuda"))
         tokens = math.prod(case.spatial)
         idx = torch.randperm(tokens, generator=torch.Generator().manual_seed(1))[:1024].cuda()
         ref = attend_fp32(*args, query_index=idx)
         line = case.name
-        variants = (("na_triton", K.neighborhood_attention), ("tma", neighborhood_attention),
-                    ("tma+ws", lambda *a: neighborhood_attention(*a, warp_specialize=True)))
+        variants = [("na_triton", K.neighborhood_attention), ("tma", neighborhood_attention),
+                    ("tma+ws", lambda *a: neighborhood_attention(*a, warp_specialize=True))]
+        for label, qt, kt, nw, ns in WS_VARIANTS.get(case.name, []):
+            cfg = K.NAConfig(qt, kt, nw, ns)
+            variants.append((label, lambda *a, cfg=cfg: neighborhood_attention(*a, config=cfg, warp_specialize=True)))
         for name, fn in variants:
             try:
                 got = fn(*args).reshape(case.batch, tokens, case.heads, case.dim)[:, idx].float()
@@ -266,6 +280,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--time", action="store_true")
+    ap.add_argument("--groups", default="plain,strided,head_dims", help="benchmarks/na_sol.py case groups to time")
     a = ap.parse_args()
     if a.check:
         if os.environ.get("TRITON_INTERPRET") == "1":
@@ -274,4 +289,4 @@ if __name__ == "__main__":
         else:
             check_sm90()
     if a.time:
-        time_cases()
+        time_cases(a.groups.split(","))
