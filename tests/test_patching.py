@@ -590,6 +590,15 @@ def test_diffvae_residual_adds_fold_only_into_routed_norms(one_thread) -> None:
     assert torch.equal(decode(model), expected) and seen  # the hooked norm ran, on the sum
 
 
+def test_diffvae_add_fold_reports_a_norm_it_cannot_fuse() -> None:
+    model = build_diffvae()
+    model.decoder.diff_blocks[0].norm1.register_forward_hook(lambda *a: None)
+    report = xbackend.patch(model)
+    left = {(k.kind, k.path) for k in report.skipped}
+    assert left == {("rmsnorm_modulate", "decoder.diff_blocks.0.norm1"), ("add_rmsnorm", "decoder.diff_blocks.0.norm1")}
+    assert report.counts()["add_rmsnorm"] == 7
+
+
 def test_diffvae_prelude_needs_the_attention_site_and_steps_aside_for_hooks() -> None:
     model = build_diffvae()
     report = xbackend.patch(model, only=("qk_norm_rope_3d",))

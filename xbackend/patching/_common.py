@@ -295,6 +295,7 @@ def can_add(x: torch.Tensor, update: torch.Tensor) -> bool:
     comes out contiguous, as the op's does; strided inputs can give it other strides)."""
     return (
         x.dtype in _FLOAT
+        and x.dim() >= 1
         and _like(update, x)
         and update.shape == x.shape
         and x.is_contiguous()

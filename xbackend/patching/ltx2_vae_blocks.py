@@ -84,15 +84,19 @@ def patch_diffusion_block(block: nn.Module, path: str, found: Findings, options:
             for name in _DIFFUSION_ADDS:
                 found.skip("add_rmsnorm", f"{path}.{name}", "folds into the norm's rmsnorm_modulate site: patch that kind too")
         return
+    fold = "add_rmsnorm" in options.kinds
     if block.num_mod_params != 7:
-        for name in _DIFFUSION_NORMS:
-            found.skip("rmsnorm_modulate", f"{path}.{name}", f"num_mod_params={block.num_mod_params}; diffusers unpacks 7")
+        for kind in ("rmsnorm_modulate", "add_rmsnorm") if fold else ("rmsnorm_modulate",):
+            for name in _DIFFUSION_NORMS:
+                found.skip(kind, f"{path}.{name}", f"num_mod_params={block.num_mod_params}; diffusers unpacks 7")
         return
     flavours, sites, skipped = fusable_norms(block, _DIFFUSION_NORMS, dict.fromkeys(_DIFFUSION_NORMS, True), True)
-    fold = "add_rmsnorm" in options.kinds
     if fold:
-        sites += [Site("add_rmsnorm", name, f"{expr} [flavour={flavours[name]}]")
-                  for name, expr in _DIFFUSION_ADDS.items() if flavours[name] is not None]  # fmt: skip
+        for name, expr in _DIFFUSION_ADDS.items():
+            if flavours[name] is not None:
+                sites.append(Site("add_rmsnorm", name, f"{expr} [flavour={flavours[name]}]"))
+            else:
+                skipped.append(Skipped("add_rmsnorm", name, "its norm is not fused (see the rmsnorm_modulate entry)"))
     install_block(block, path, found, diffusion_block_forward(flavours, fold), sites, skipped)
 
 
