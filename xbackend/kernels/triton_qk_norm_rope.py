@@ -35,12 +35,13 @@ from xbackend.kernels.rmsnorm.launch import Schedule, bcast_layout, exact_schedu
 from xbackend.kernels.rmsnorm.numerics import FLAVOURS, RSQRT_MATH, Numerics
 from xbackend.kernels.rmsnorm.primitives import ARR_ARKB, normalize, row_stat, rsqrt
 from xbackend.kernels.rmsnorm.supports import (
-    ALIGN_REASON,
     DTYPES,
     NotVectorizable,
-    aten_vectorizes,
+    alignment_reason,
+    aten_order_applies,
     exact_reason,
     interpreting,
+    mean_checks_alignment,
 )
 from xbackend.kernels.triton_rotary import _analyze_split, row_view
 
@@ -208,7 +209,9 @@ class _Plan(NamedTuple):
     f_layout: tuple[int, int, int, int]
     consts: tuple  # eps (fp32), factor, then the constexprs in signature order
     num_warps: int
-    check_alignment: bool  # torch flavour: aten vectorizes only 4-element aligned q, k and weights
+    # torch flavour: aten vectorizes only 4-element aligned q, k and weights; diffusers, fp32 from D = 128:
+    # aten's mean reduce reads q and k in place, in 16-byte vectors
+    check_alignment: bool
 
 
 _PLANS: dict[tuple, _Plan | str] = {}
@@ -267,7 +270,7 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: Nume
               plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing, num.mean_x_first,
               RSQRT_MATH if interpreting() else num.rsqrt, layout == "split", g, h2)  # fmt: skip
     return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), f_layout, consts, warps,
-                 flavour == "torch")  # fmt: skip
+                 flavour == "torch" or mean_checks_alignment(q))  # fmt: skip
 
 
 def _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num, num_warps=None) -> _Plan | str:
@@ -301,8 +304,8 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps=1e-6, flavour="torch", 
     plan = _plan(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics, num_warps)
     if isinstance(plan, str):
         raise ValueError(f"triton qk_norm_rope: {plan}")
-    if plan.check_alignment and not (aten_vectorizes(q, q_weight) and aten_vectorizes(k, k_weight)):
-        raise NotVectorizable(f"triton qk_norm_rope: {ALIGN_REASON}")
+    if plan.check_alignment and not (aten_order_applies(q, q_weight, flavour) and aten_order_applies(k, k_weight, flavour)):
+        raise NotVectorizable(f"triton qk_norm_rope: {alignment_reason(flavour)}")
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
     if plan.rows == 0 or q.shape[-1] == 0:

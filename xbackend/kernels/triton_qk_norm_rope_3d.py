@@ -29,7 +29,14 @@ from xbackend.kernels._triton_launch import DirectLaunch
 from xbackend.kernels.rmsnorm.exact import f32
 from xbackend.kernels.rmsnorm.launch import DEFAULT_TRAITS, LaunchTraits, Schedule, exact_schedule, meta, table_schedule
 from xbackend.kernels.rmsnorm.numerics import FLAVOURS, RSQRT_MATH, Numerics
-from xbackend.kernels.rmsnorm.supports import ALIGN_REASON, NotVectorizable, aten_vectorizes, exact_reason, interpreting
+from xbackend.kernels.rmsnorm.supports import (
+    NotVectorizable,
+    alignment_reason,
+    aten_order_applies,
+    exact_reason,
+    interpreting,
+    mean_checks_alignment,
+)
 from xbackend.kernels.triton_qk_norm_rope import norm_rope_rows, pairs, row_tile
 from xbackend.kernels.triton_rotary import row_view
 from xbackend.ops.qk_norm_rope_3d import axis_angles, rope_dim_split
@@ -103,7 +110,9 @@ class _Plan(NamedTuple):
     divisors: tuple[int, ...]  # magic(heads), magic(W), magic(H), magic(T), flattened: the kernel's divisors
     consts: tuple  # eps (fp32), factor, then the constexprs in signature order
     num_warps: int
-    check_alignment: bool  # torch flavour: aten vectorizes only 4-element aligned q, k and weights
+    # torch flavour: aten vectorizes only 4-element aligned q, k and weights; diffusers, fp32 from D = 128:
+    # aten's mean reduce reads q and k in place, in 16-byte vectors
+    check_alignment: bool
 
 
 _PLANS: dict[tuple, _Plan | str] = {}
@@ -140,7 +149,8 @@ def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numeric
               num.mean_x_first, RSQRT_MATH if interpreting() else num.rsqrt,
               m % r == 0 and plan.k * plan.a * plan.b == d)  # fmt: skip
     divisors = tuple(v for size in (q.shape[4], q.shape[3], q.shape[2], q.shape[1]) for v in magic(size))
-    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), divisors, consts, warps, flavour == "torch")
+    return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), divisors, consts, warps,
+                 flavour == "torch" or mean_checks_alignment(q))
 
 
 def _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num, schedule, traits=DEFAULT_TRAITS) -> _Plan | str:
@@ -204,8 +214,8 @@ def qk_norm_rope_3d(q, k, q_weight, k_weight, eps=1e-6, q_scale=1.0, base=10000.
     plan = _plan(q, k, q_weight, k_weight, eps, q_scale, base, flavour, numerics, schedule, traits)
     if isinstance(plan, str):
         raise ValueError(f"triton qk_norm_rope_3d: {plan}")
-    if plan.check_alignment and not (aten_vectorizes(q, q_weight) and aten_vectorizes(k, k_weight)):
-        raise NotVectorizable(f"triton qk_norm_rope_3d: {ALIGN_REASON}")
+    if plan.check_alignment and not (aten_order_applies(q, q_weight, flavour) and aten_order_applies(k, k_weight, flavour)):
+        raise NotVectorizable(f"triton qk_norm_rope_3d: {alignment_reason(flavour)}")
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
     if plan.rows == 0:

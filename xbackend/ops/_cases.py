@@ -46,6 +46,14 @@ def strided_last(t: torch.Tensor) -> torch.Tensor:
     return wide[..., ::2]
 
 
+def misaligned(t: torch.Tensor, by: int = 1) -> torch.Tensor:
+    """``t``'s values in a contiguous view starting ``by`` elements past an aligned allocation."""
+    flat = torch.zeros(t.numel() + by, dtype=t.dtype, device=t.device)
+    out = flat[by:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
 def transposed(t: torch.Tensor) -> torch.Tensor:
     """``t`` as the transpose of a contiguous tensor (last-dim stride = the row count)."""
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)

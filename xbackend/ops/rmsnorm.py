@@ -93,6 +93,11 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
             C.Case(f"{f}/stride-0 rows", (C.expanded(r(1, 64), 0, 4), w, 1e-6, f)),
             C.Case(f"{f}/NaN and Inf", (C.with_specials(r(4, 64)), w, 1e-6, f)),
             C.Case(f"{f}/eps=0", (r(4, 64), w, 0.0, f)),
+            # Rows wide enough for aten's vectorized loads (the diffusers mean reduce reads fp32 x in place)
+            C.Case(f"{f}/D=256 transposed", (C.transposed(r(24, 256)), w256 := r(256, seed=1), 1e-6, f)),
+            C.Case(f"{f}/D=256 padded rows", (C.padded_rows(r(4, 256)), w256, 1e-6, f)),
+            C.Case(f"{f}/D=256 stride-0 rows", (C.expanded(r(1, 256), 0, 4), w256, 1e-6, f)),
+            C.Case(f"{f}/D=256 one element off alignment", (C.misaligned(r(4, 256)), w256, 1e-6, f)),
         ]
         if big:
             out.append(C.Case(f"{f}/offset past 2**31", (C.big_offset(r(2, 4096)), r(4096, seed=1), 1e-6, f)))

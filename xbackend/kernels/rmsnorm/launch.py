@@ -51,9 +51,11 @@ from xbackend.kernels.rmsnorm.schedules import (
 )
 from xbackend.kernels.rmsnorm.supports import (
     ALIGN_REASON,
+    MEAN_ALIGN_REASON,
     NotVectorizable,
     exact_reason,
     interpreting,
+    mean_checks_alignment,
     supports_rmsnorm_fast,
 )
 
@@ -238,9 +240,10 @@ class LaunchPlan(NamedTuple):
     scalars: tuple[float, float]  # eps in fp32, then the statistic's factor (exact) or 1 / D (fast)
     consts: ExactConstexprs | FastConstexprs
     options: dict
-    align: int  # torch flavour: bytes x and weight must be aligned to (aten vectorizes only then)
+    align: int  # bytes x (and the torch flavour's weight) must be aligned to for aten's vectorized order
     check_x: bool
     check_w: bool
+    align_reason: str
     kernels: dict  # (device, pointer alignments) -> the kernel Triton compiled for them
 
 
@@ -258,7 +261,7 @@ def plan(
     """The launch of ``v`` for inputs with these shapes, strides and dtypes; ValueError if unsupported.
     With ``update`` the kernel normalizes ``x + update`` (exact variant only)."""
     if v.exact:
-        reason = exact_reason(x, weight, flavour, v.numerics, False)
+        reason = exact_reason(x, weight, flavour, v.numerics, False, layout=update is None)
     else:
         reason = supports_rmsnorm_fast(x, weight, eps, flavour)
         if update is not None:
@@ -292,6 +295,8 @@ def plan(
             # aten vectorizes on the pointer it normalizes: with a residual that is the fresh sum
             check_x = x.is_contiguous() and update is None
             check_w = weight is not None and weight.is_contiguous()
+        elif update is None and mean_checks_alignment(x):
+            align, check_x = 16, True
         arrangement = schedule.arrangement
         if arrangement is None:
             arrangement = default_arrangement(flavour, tile, r, scale is not None)
@@ -351,6 +356,7 @@ def plan(
         align=align,
         check_x=bool(check_x),
         check_w=bool(check_w),
+        align_reason=ALIGN_REASON if flavour == "torch" else MEAN_ALIGN_REASON,
         kernels={},
     )
 
@@ -404,7 +410,7 @@ class Launcher:
             if len(self.plans) < MAX_PLANS:
                 self.plans[key] = lp
         if lp.align and ((lp.check_x and x.data_ptr() % lp.align) or (lp.check_w and weight.data_ptr() % lp.align)):
-            raise NotVectorizable(f"triton rmsnorm exact: {ALIGN_REASON}")
+            raise NotVectorizable(f"triton rmsnorm exact: {lp.align_reason}")
         out = torch.empty_like(x, memory_format=torch.contiguous_format)  # a third of torch.empty's host cost
         if update is not None:
             h = torch.empty_like(x, memory_format=torch.contiguous_format)

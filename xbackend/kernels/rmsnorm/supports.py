@@ -15,12 +15,13 @@ import os
 
 import torch
 
-from xbackend.kernels.rmsnorm.exact import MAX_EXACT_D, mean_tile
+from xbackend.kernels.rmsnorm.exact import MAX_EXACT_D, MEAN_VECTORIZE_D, mean_tile
 from xbackend.kernels.rmsnorm.fast import MAX_FAST_D
-from xbackend.kernels.rmsnorm.numerics import FLAVOURS, TORCH_VEC, Numerics
+from xbackend.kernels.rmsnorm.numerics import FLAVOURS, MEAN_VEC, TORCH_VEC, Numerics
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
+MEAN_ALIGN_REASON = "fp32 x not 16-byte aligned (aten's mean reduce starts each row with a shifted head)"
 
 
 def interpreting() -> bool:
@@ -78,10 +79,56 @@ def aten_vectorizes(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     return weight is None or not weight.is_contiguous() or weight.data_ptr() % align == 0
 
 
+def mean_checks_alignment(x: torch.Tensor) -> bool:
+    """The diffusers flavour reduces ``x.to(float32)``, which is x itself for fp32 x: from D >= 128 aten
+    then loads 4-wide vectors from each row's own address, so a misaligned x changes the order (per
+    call: ``mean_aligned``). Other dtypes reduce a fresh, aligned copy."""
+    return x.dtype == torch.float32 and x.shape[-1] >= MEAN_VECTORIZE_D
+
+
+def mean_aligned(x: torch.Tensor) -> bool:
+    return x.data_ptr() % (MEAN_VEC * x.element_size()) == 0
+
+
+def aten_order_applies(x: torch.Tensor, weight: torch.Tensor | None, flavour: str) -> bool:
+    """Per call: the pointers are aligned the way the emulated order assumes (see ``aten_vectorizes``,
+    ``mean_checks_alignment``)."""
+    if flavour == "torch":
+        return aten_vectorizes(x, weight)
+    return not mean_checks_alignment(x) or mean_aligned(x)
+
+
+def alignment_reason(flavour: str) -> str:
+    return ALIGN_REASON if flavour == "torch" else MEAN_ALIGN_REASON
+
+
+def mean_layout_reason(x: torch.Tensor) -> str | None:
+    """Why aten's mean reduce of ``x.to(float32)`` does not run in the emulated order (contiguous rows
+    reduced along their last dim), or None. ``.to`` keeps x's strides for fp32 x and for a dense,
+    non-overlapping x (a transposed one too); anything else becomes a contiguous copy."""
+    d = x.shape[-1]
+    if d <= 1 or x.numel() == 0:
+        return None
+    reduced = x if x.dtype == torch.float32 else torch.empty_like(x, dtype=torch.float32, device="meta")
+    if reduced.is_contiguous():
+        return None
+    outer = [(n, st) for n, st in zip(reduced.shape[:-1], reduced.stride()[:-1], strict=True) if n > 1]
+    if any(0 < st < reduced.stride(-1) for _, st in outer):
+        return "diffusers exact: the rows' last dim is not their fastest (aten's mean reduces across it)"
+    if d >= MEAN_VECTORIZE_D:
+        if reduced.stride(-1) != 1:
+            return "diffusers exact from D >= 128 needs unit-stride rows (aten vectorizes only those)"
+        if any(st % MEAN_VEC for _, st in outer):
+            return "diffusers exact from D >= 128 needs row strides in multiples of 4 (aten shifts misaligned rows)"
+    return None
+
+
 def exact_reason(
-    x: torch.Tensor, weight: torch.Tensor | None, flavour: str, num: Numerics, alignment: bool = True
+    x: torch.Tensor, weight: torch.Tensor | None, flavour: str, num: Numerics, alignment: bool = True,
+    layout: bool = True,
 ) -> str | None:
-    """Why the exact kernels cannot reproduce the flavour on these rows, or None."""
+    """Why the exact kernels cannot reproduce the flavour on these rows, or None. ``layout=False``: the
+    rows normalized are a fresh contiguous tensor, not x (``add_rmsnorm``'s sum)."""
     reason = _check_common(x, weight, flavour)
     if reason:
         return reason
@@ -96,7 +143,13 @@ def exact_reason(
         return None
     m = x.numel() // max(d, 1)
     tile = mean_tile(max(m, 1), d, num)
-    return tile if isinstance(tile, str) else None
+    if isinstance(tile, str):
+        return tile
+    if layout and (reason := mean_layout_reason(x)):
+        return reason
+    if layout and alignment and mean_checks_alignment(x) and not mean_aligned(x):
+        return MEAN_ALIGN_REASON
+    return None
 
 
 def supports_rmsnorm(
@@ -149,7 +202,7 @@ def supports_add_rmsnorm(
         return "update's shape differs from x"
     if update.dtype != x.dtype or update.device != x.device:
         return "update's dtype or device differs from x"
-    reason = exact_reason(x, weight, flavour, numerics, False)
+    reason = exact_reason(x, weight, flavour, numerics, False, layout=False)
     if reason is None and alignment and flavour == "torch" and weight is not None:
         align = TORCH_VEC * x.element_size()
         if weight.is_contiguous() and weight.data_ptr() % align:
@@ -196,10 +249,16 @@ def supports_rmsnorm_modulate_fast(
 __all__ = [
     "ALIGN_REASON",
     "DTYPES",
+    "MEAN_ALIGN_REASON",
     "NotVectorizable",
+    "alignment_reason",
+    "aten_order_applies",
     "aten_vectorizes",
     "exact_reason",
     "interpreting",
+    "mean_aligned",
+    "mean_checks_alignment",
+    "mean_layout_reason",
     "supports_add_rmsnorm",
     "supports_rmsnorm",
     "supports_rmsnorm_fast",
