@@ -83,7 +83,8 @@ def _vendor_targets() -> tuple[object, list]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "silu_mul"])
+@pytest.mark.parametrize("op", ["rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "silu_mul",
+                                "rotary_embedding", "qk_norm_rope", "qk_norm_rope_3d"])
 def test_the_vendor_backends_pointwise_impls_pass_the_kit_on_the_gpu(op: str) -> None:
     """Every case of the op's catalogue (padded, transposed and stride-0 views, aliased inputs, NaN/Inf,
     an offset past 2**31 elements where memory allows) through the vendor backend's impls against the

@@ -39,6 +39,16 @@ def _inputs(shape, dtype, weight=True, seed=0):
     return q, k, wq, wk
 
 
+@pytest.mark.parametrize("shape", [(0, 2, 3, 4, 2, 16), (1, 0, 3, 4, 2, 16), (1, 2, 0, 4, 2, 16), (1, 2, 3, 0, 2, 16),
+                                   (1, 2, 3, 4, 0, 16)])  # fmt: skip
+def test_empty_inputs_are_supported_and_return_empty(shape) -> None:
+    """A zero-size axis (one of the divisors the plan precomputes) gives an empty result, not an error."""
+    q, k, wq, wk = _inputs(shape, torch.float32)
+    assert supports(q, k, wq, wk, 1e-6, 0.25, 10000.0, "torch") is None
+    q_out, k_out = kernel(q, k, wq, wk, 1e-6, 0.25, 10000.0, "torch")
+    assert q_out.shape == k_out.shape == shape
+
+
 CPU_CASES = [((1, 3, 4, 5, 2, 64), 0.125), ((2, 2, 3, 3, 1, 32), 32**-0.5), ((1, 2, 2, 3, 3, 24), 24**-0.5),
              ((1, 2, 3, 2, 2, 96), 96**-0.5), ((1, 2, 2, 2, 1, 8), 1.0)]  # fmt: skip
 

@@ -148,7 +148,8 @@ def _analyze(q, k, q_weight, k_weight, eps, q_scale, base, flavour, num: Numeric
               r, plan.k, plan.a, plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing,
               num.mean_x_first, RSQRT_MATH if interpreting() else num.rsqrt,
               m % r == 0 and plan.k * plan.a * plan.b == d)  # fmt: skip
-    divisors = tuple(v for size in (q.shape[4], q.shape[3], q.shape[2], q.shape[1]) for v in magic(size))
+    # An empty grid launches nothing (the launch returns first): any divisor serves its plan.
+    divisors = tuple(v for size in (q.shape[4], q.shape[3], q.shape[2], q.shape[1]) for v in magic(max(size, 1)))
     return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), divisors, consts, warps,
                  flavour == "torch" or mean_checks_alignment(q))
 
