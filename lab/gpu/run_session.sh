@@ -13,6 +13,8 @@ for s in "$@"; do
     tilemodel) step na_tile_model 240 python3 lab/gpu/na_tile_model.py --time --top 3 ;;
     tma) step na_tma 200 python3 lab/gpu/na_tma.py --time ;;
     ws) step na_ws 450 python3 lab/gpu/na_tma.py --time --groups plain ;;
+    natests) step gpu_tests_na 120 python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/kernels/test_na_kernels.py tests/test_neighborhood_attention.py ;;
+    nasol_tma) step na_sol_tma 250 python3 benchmarks/na_sol.py --cases plain,strided --out "$OUT/na_sol_tma.json" ;;
     ncu) step qk3d_ncu 320 bash lab/gpu/qk3d_ncu.sh ;;
     kerneltests) step gpu_tests_kernels 300 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_triton_rmsnorm.py tests/kernels/test_triton_qk_norm_rope.py tests/kernels/test_triton_qk_norm_rope_3d.py tests/test_rmsnorm.py tests/test_rmsnorm_modulate.py tests/test_qk_norm_rope.py tests/test_qk_norm_rope_3d.py ;;
     narrowbench) step bench_narrow 300 xbackend bench qk_norm_rope_3d rmsnorm rmsnorm_modulate --quick --json "$OUT/bench_narrow.json" ;;

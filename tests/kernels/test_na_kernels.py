@@ -236,7 +236,18 @@ def _patch_triton_interpreter_index() -> None:
     ti._xbackend_index_patch = True
 
 
-def triton_interpreter_errors() -> list[tuple[str, float, float]]:
+def _config(tiles, tma: bool, shape, kernel, dil, causal, stride=None):
+    """The case's tiles (4 warps, 1 stage), or the launch's own choice, with TMA loads on or off."""
+    import dataclasses
+
+    from xbackend.kernels import na_triton
+
+    if tiles is None:
+        return dataclasses.replace(na_triton.config_for(shape, kernel, dil, causal, stride), tma=tma)
+    return na_triton.NAConfig(tiles[0], tiles[1], 4, 1, tma=tma)
+
+
+def triton_interpreter_errors(tma: bool = False) -> list[tuple[str, float, float]]:
     """(case, dtype, rel error) of na_triton vs the reference; needs TRITON_INTERPRET=1 at import.
 
     fp16 and fp32 only: the interpreter's bf16 tl.dot is broken (it returns garbage even for a
@@ -247,10 +258,10 @@ def triton_interpreter_errors() -> list[tuple[str, float, float]]:
 
     rows = []
     for spatial, kernel, dil, causal, tiles in _INTERP_CASES:
-        config = None if tiles is None else na_triton.NAConfig(tiles[0], tiles[1], 4, 1)
         for dtype in (torch.float16, torch.float32):
             # Batch 2 on the 2-D case exercises the batch stride.
             q, k, v = make_qkv(spatial, 2, 16, dtype, seed=4, batch=2 if len(spatial) == 2 else 1)
+            config = _config(tiles, tma, q.shape, kernel, dil, causal)
             ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal)
             out = torch.full_like(q, float("nan"))
             na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=config, out=out)
@@ -287,7 +298,7 @@ def gapped(t: torch.Tensor, fill: float) -> tuple[torch.Tensor, torch.Tensor]:
     return buf[..., : t.shape[-1]], buf
 
 
-def triton_interpreter_head_dim_errors(head_dim: int) -> list[tuple[str, str, float, bool]]:
+def triton_interpreter_head_dim_errors(head_dim: int, tma: bool = False) -> list[tuple[str, str, float, bool]]:
     """(case, dtype, rel error, gap untouched) of na_triton at ``head_dim`` vs the reference; needs
     TRITON_INTERPRET=1 at import. q/k/v are gapped with NaN (a read of a pad column poisons the
     output) and the output with a sentinel (a write of one changes it)."""
@@ -296,9 +307,9 @@ def triton_interpreter_head_dim_errors(head_dim: int) -> list[tuple[str, str, fl
 
     rows = []
     for spatial, kernel, dil, causal, tiles in _INTERP_HEAD_DIM_CASES[head_dim]:
-        config = None if tiles is None else na_triton.NAConfig(tiles[0], tiles[1], 4, 1)
         for dtype in (torch.float16, torch.float32):
             dense = make_qkv(spatial, 2, head_dim, dtype, seed=8)
+            config = _config(tiles, tma, dense[0].shape, kernel, dil, causal)
             ref = reference(*(t.double() for t in dense), kernel, dil, causal)
             q, k, v = (gapped(t, float("nan"))[0] for t in dense)
             out, obuf = gapped(torch.full_like(dense[0], float("nan")), 7.0)
@@ -319,7 +330,7 @@ _INTERP_STRIDE_CASES = [
 ]
 
 
-def triton_interpreter_stride_errors() -> list[tuple[str, str, float]]:
+def triton_interpreter_stride_errors(tma: bool = False) -> list[tuple[str, str, float]]:
     """(case, dtype, rel error) of na_triton with strided windows vs the reference; needs
     TRITON_INTERPRET=1 at import."""
     _patch_triton_interpreter_index()
@@ -327,9 +338,9 @@ def triton_interpreter_stride_errors() -> list[tuple[str, str, float]]:
 
     rows = []
     for spatial, kernel, dil, causal, stride, tiles in _INTERP_STRIDE_CASES:
-        config = None if tiles is None else na_triton.NAConfig(tiles[0], tiles[1], 4, 1)
         for dtype in (torch.float16, torch.float32):
             q, k, v = make_qkv(spatial, 2, 16, dtype, seed=11)
+            config = _config(tiles, tma, q.shape, kernel, dil, causal, stride)
             ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal, None, stride)
             out = torch.full_like(q, float("nan"))
             na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride, config=config, out=out)
@@ -359,24 +370,27 @@ def _interpreted(name: str, *args: object) -> list:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_triton_interpreter():
-    rows = _interpreted("triton_interpreter_errors")
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_triton_interpreter(tma: bool):
+    rows = _interpreted("triton_interpreter_errors", tma)
     assert len(rows) == 2 * len(_INTERP_CASES)
     for case, dtype, err in rows:
         assert err < (1e-5 if dtype == "torch.float32" else 2e-3), (case, dtype, err)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("head_dim", sorted(_INTERP_HEAD_DIM_CASES))
-def test_triton_interpreter_head_dims(head_dim: int):
-    rows = _interpreted("triton_interpreter_head_dim_errors", head_dim)
+def test_triton_interpreter_head_dims(head_dim: int, tma: bool):
+    rows = _interpreted("triton_interpreter_head_dim_errors", head_dim, tma)
     assert len(rows) == 2 * len(_INTERP_HEAD_DIM_CASES[head_dim])
     for case, dtype, err, untouched in rows:
         assert err < (1e-5 if dtype == "torch.float32" else 2e-3), (head_dim, case, dtype, err)
         assert untouched, (head_dim, case, dtype, "a store wrote past head_dim")
 
 
-def test_triton_interpreter_strided_windows():
-    rows = _interpreted("triton_interpreter_stride_errors")
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_triton_interpreter_strided_windows(tma: bool):
+    rows = _interpreted("triton_interpreter_stride_errors", tma)
     assert len(rows) == 2 * len(_INTERP_STRIDE_CASES)
     for case, dtype, err in rows:
         assert err < (1e-5 if dtype == "torch.float32" else 2e-3), (case, dtype, err)
@@ -638,3 +652,48 @@ def test_strided_windows_in_tiled_sdpa_and_flex(spatial, kernel, dil, causal, st
     assert rel_err(tiled, ref) < 1e-5 and rel_err(flex, ref) < 1e-5
     half = torch.empty(*q.shape[:-1], 64, dtype=torch.bfloat16, device="meta")
     assert na_triton.supports(half, half, half, kernel, dil, causal, None, stride) is None
+
+
+def test_tma_tiles_where_they_measured_faster_and_the_layout_allows():
+    from xbackend.kernels import na_triton
+    from xbackend.kernels.na_triton_config import tma_pays
+
+    def cfg(shape, kernel):
+        n = len(kernel)
+        return na_triton.config_for(shape, kernel, (1,) * n, (False,) * n)
+
+    assert cfg((1, 30, 48, 80, 24, 128), (18, 24, 24)).tma and cfg((1, 20, 48, 48, 4, 80), (11, 11, 11)).tma
+    assert not cfg((1, 40, 96, 96, 4, 64), (11, 11, 11)).tma  # head_dim 64: no faster
+    assert not cfg((2, 128, 128, 16, 128), (13, 13)).tma  # 2-D: slower
+    assert not tma_pays((1, 48, 80), 128)
+    x = torch.zeros(2, 4, 4, 4, 2, 80, dtype=torch.float16)
+    assert na_triton.tma_layout_ok(x, x)
+    assert not na_triton.tma_layout_ok(torch.zeros(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape))  # 2 B off
+    assert not na_triton.tma_layout_ok(torch.zeros(2, 4, 4, 4, 2, 84, dtype=x.dtype)[..., :80])  # 168-byte rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [80, 128])
+def test_triton_gpu_tma_and_pointer_tiles_agree(head_dim: int):
+    """3-D windows (dilated, causal, strided) through the TMA tiles and the pointer tiles of one config:
+    both within the op's tolerance; a q one element off alignment takes the pointer tiles."""
+    import dataclasses
+
+    from xbackend.kernels import na_triton
+
+    for spatial, kernel, dil, causal, stride in [((13, 12, 17), (5, 7, 9), (1, 1, 1), (False,) * 3, (1, 1, 1)),
+                                                 ((21, 30, 22), (5, 7, 3), (2, 3, 1), (True, False, False), (1, 1, 1)),
+                                                 ((16, 24, 40), (6, 8, 8), (1, 1, 1), (False,) * 3, (2, 4, 8))]:  # fmt: skip
+        q, k, v = make_qkv(spatial, 3, head_dim, torch.bfloat16, seed=12, device="cuda", batch=2)
+        ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal, None, stride)
+        cfg = na_triton.config_for(q.shape, kernel, dil, causal, stride)
+        assert cfg.tma
+        got_tma = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride, config=cfg)
+        got_ptr = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride,
+                                                   config=dataclasses.replace(cfg, tma=False))  # fmt: skip
+        assert rel_err(got_tma, ref) < 5e-3 and rel_err(got_ptr, ref) < 5e-3, (spatial, kernel)
+        off = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)
+        off.copy_(q)
+        assert not na_triton.tma_layout_ok(off)
+        got_off = na_triton.neighborhood_attention(off, k, v, kernel, dil, causal, None, stride, config=cfg)
+        assert rel_err(got_off, ref) < 5e-3, (spatial, kernel)

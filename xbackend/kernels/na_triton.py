@@ -29,6 +29,12 @@ fp32; bf16/fp16 operands on the tensor cores.
   those of head_dim 128, and so is the launch config. For 32, 64 and 128 (``HEAD_PAD == HEAD_DIM``)
   the masks are not generated.
 
+* TMA (``NAConfig.tma``, set by ``config_for`` where it measured faster: 3-D windows at head_dim >= 80):
+  q/k/v/out tiles move by tensor descriptors made in the kernel over the program's dilation sub-grid
+  ``[N0, N1, N2, head_dim]``. The hardware zero-fills a box past the group's end or past head_dim on
+  load and clips it on store, so nothing is clamped or masked for the loads. A call whose bases or
+  strides break TMA's 16-byte rules (``tma_layout_ok``) takes the pointer loads.
+
 Limits (``supports``): CUDA, bf16/fp16, any stride the op accepts, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
 contiguous, tensors under 2**31 elements (offsets within a batch are 32-bit).
 
@@ -38,7 +44,10 @@ cuDNN SDPA; 3.8 ms (132 TFLOP/s) at the DiffVAE tile (40,96,96) / 4x64 / window 
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -47,7 +56,7 @@ import triton.language as tl
 from xbackend.kernels.na_triton_config import NAConfig, choose_config, config_for, leader_span, pad3, visited_pairs
 
 __all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "config_for", "leader_span", "neighborhood_attention", "supports",
-           "visited_pairs"]
+           "tma_layout_ok", "visited_pairs"]
 
 _LOG2E = 1.4426950408889634
 
@@ -124,6 +133,7 @@ def _na_fwd_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     SKIP_INNER_MASK: tl.constexpr,
+    TMA: tl.constexpr,  # tiles by TMA over the program's dilation sub-grid (descriptors made in-kernel)
 ):
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
     BLOCK_N: tl.constexpr = TK0 * TK1 * TK2
@@ -190,14 +200,30 @@ def _na_fwd_kernel(
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
     q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
-    q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
-    if HEAD_PAD != HEAD_DIM:
-        q = tl.load(q_base + q_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-    else:
-        q = tl.load(q_base + q_row[:, None] + offs_d[None, :])
-
     k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
     v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
+    o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
+    if TMA:
+        # One descriptor per tensor over this program's sub-grid [N0, N1, N2, HEAD_DIM]: a box past the
+        # group's end or past HEAD_DIM is zero-filled on load (those keys fail the window test, those
+        # query rows and pad columns are clipped on store), so nothing is clamped or masked here.
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * sq0, DIL1 * sq1, DIL2 * sq2, 1],
+                                           block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * sk0, DIL1 * sk1, DIL2 * sk2, 1],
+                                           block_shape=[TK0, TK1, TK2, HEAD_PAD])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * sv0, DIL1 * sv1, DIL2 * sv2, 1],
+                                           block_shape=[TK0, TK1, TK2, HEAD_PAD])
+        q = tl.reshape(q_desc.load([a0, a1, a2, 0]), [BLOCK_M, HEAD_PAD])
+    else:
+        q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
+        if HEAD_PAD != HEAD_DIM:
+            q = tl.load(q_base + q_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        else:
+            q = tl.load(q_base + q_row[:, None] + offs_d[None, :])
+
     offs_n = tl.arange(0, BLOCK_N)
     n0 = offs_n // (TK1 * TK2)
     n1 = (offs_n // TK2) % TK1
@@ -216,18 +242,22 @@ def _na_fwd_kernel(
         k0 = c0 + n0
         k1 = c1 + n1
         k2 = c2 + n2
-        # Overhang keys are clamped into the box for the load; the window test rejects them.
-        r0 = tl.minimum(k0, hi0 - 1)
-        r1 = tl.minimum(k1, hi1 - 1)
-        r2 = tl.minimum(k2, hi2 - 1)
-        k_row = r0 * (DIL0 * sk0) + r1 * (DIL1 * sk1) + r2 * (DIL2 * sk2)
-        v_row = r0 * (DIL0 * sv0) + r1 * (DIL1 * sv1) + r2 * (DIL2 * sv2)
-        if HEAD_PAD != HEAD_DIM:
-            kb = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-            vb = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        if TMA:
+            kb = tl.reshape(k_desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
+            vb = tl.reshape(v_desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
         else:
-            kb = tl.load(k_base + k_row[:, None] + offs_d[None, :])
-            vb = tl.load(v_base + v_row[:, None] + offs_d[None, :])
+            # Overhang keys are clamped into the box for the load; the window test rejects them.
+            r0 = tl.minimum(k0, hi0 - 1)
+            r1 = tl.minimum(k1, hi1 - 1)
+            r2 = tl.minimum(k2, hi2 - 1)
+            k_row = r0 * (DIL0 * sk0) + r1 * (DIL1 * sk1) + r2 * (DIL2 * sk2)
+            v_row = r0 * (DIL0 * sv0) + r1 * (DIL1 * sv1) + r2 * (DIL2 * sv2)
+            if HEAD_PAD != HEAD_DIM:
+                kb = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+                vb = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+            else:
+                kb = tl.load(k_base + k_row[:, None] + offs_d[None, :])
+                vb = tl.load(v_base + v_row[:, None] + offs_d[None, :])
         qk = tl.dot(q, tl.trans(kb)) * qk_scale
         inner = (
             (c0 >= in_lo0) & (c0 + TK0 <= in_hi0)
@@ -253,16 +283,21 @@ def _na_fwd_kernel(
         m_i = m_new
 
     acc = acc / l_i[:, None]
-    o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
-    o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
-    if HEAD_PAD != HEAD_DIM:
-        tl.store(
-            o_base + o_row[:, None] + offs_d[None, :],
-            acc.to(Out.dtype.element_ty),
-            mask=row_ok[:, None] & d_ok[None, :],
-        )
+    if TMA:
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
+                                           block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
+        o_desc.store([a0, a1, a2, 0], tl.reshape(acc.to(Out.dtype.element_ty), [TQ0, TQ1, TQ2, HEAD_PAD]))
     else:
-        tl.store(o_base + o_row[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
+        if HEAD_PAD != HEAD_DIM:
+            tl.store(
+                o_base + o_row[:, None] + offs_d[None, :],
+                acc.to(Out.dtype.element_ty),
+                mask=row_ok[:, None] & d_ok[None, :],
+            )
+        else:
+            tl.store(o_base + o_row[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ---------------------------------------------------------------- entry points
@@ -339,7 +374,9 @@ def neighborhood_attention(
         st = t.stride()
         return (st[0], st[4], st[1], st[2], st[3])
 
-    _na_fwd_kernel[grid](
+    tma = config.tma and tma_layout_ok(q3, k3, v3, o3)
+    launch = functools.partial(
+        _na_fwd_kernel[grid],
         q3, k3, v3, o3,
         *strides(q3), *strides(k3), *strides(v3), *strides(o3),
         s0, s1, s2,
@@ -354,10 +391,37 @@ def neighborhood_attention(
         HEAD_DIM=head_dim,
         HEAD_PAD=triton.next_power_of_2(head_dim),
         SKIP_INNER_MASK=config.skip_inner_mask,
+        TMA=tma,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
         # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
         enable_fp_fusion=True,
     )
+    if tma and q.is_cuda:
+        # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
+        # copy of this context, so the caller's allocator (or its absence) is left as it was.
+        contextvars.copy_context().run(_launch_with_scratch, launch)
+    else:
+        launch()
     return out
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    # The caching allocator's blocks are 512-byte aligned (TMA descriptors need 64 bytes).
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _launch_with_scratch(launch: Callable[[], object]) -> None:
+    triton.set_allocator(_scratch)
+    launch()
+
+
+def tma_layout_ok(*tensors: torch.Tensor) -> bool:
+    """TMA's global-memory rules, per call: 16-byte aligned base addresses and every stride but the
+    last (which is 1) a multiple of 16 bytes. Other layouts take the pointer loads."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:-1]):
+            return False
+    return True

@@ -7,11 +7,13 @@ Pure Python, no Triton import. The window rule here (``_window``) is the kernel'
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
 
-__all__ = ["NAConfig", "choose_config", "config_for", "leader_span", "pad3", "visited_pairs"]
+__all__ = ["TMA_MIN_HEAD_DIM", "NAConfig", "choose_config", "config_for", "leader_span", "pad3", "tma_pays",
+           "visited_pairs"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,20 @@ class NAConfig:
     # Branch around the window test on KV blocks inside every query's window. Measured slower on
     # H200 (the branch costs more than the compares it saves), hence off by default.
     skip_inner_mask: bool = False
+    # Move q/k/v/out tiles by TMA (in-kernel tensor descriptors over the program's dilation sub-grid)
+    # instead of pointer gathers; ``config_for`` sets it where that measured faster (``tma_pays``).
+    tma: bool = False
+
+
+# TMA tiles took 4.5-9% less time than pointer gathers on the H200 for 3-D windows at head_dim 80-128
+# (benchmarks/na_sol.py's 3-D cases and stage-4 head-dim tiles, lab/gpu/na_tma.py --time), about the
+# same at head_dim 64 and more time on 2-D windows (+27%) and at head_dim 32 (+8%).
+TMA_MIN_HEAD_DIM = 80
+
+
+def tma_pays(spatial: tuple[int, int, int], head_dim: int) -> bool:
+    """The measured rule: TMA for 3-D problems (every axis longer than 1) at head_dim >= 80."""
+    return head_dim >= TMA_MIN_HEAD_DIM and all(n > 1 for n in spatial)
 
 
 def _pow2_le(x: int) -> int:
@@ -148,8 +164,9 @@ def config_for(
     """The config ``neighborhood_attention`` launches with for q of ``shape`` ``[B, *spatial, H, D]``
     and the op's per-axis arguments (1 to 3 axes)."""
     spatial = pad3(tuple(shape[1:-2]), 1)
-    return choose_config(spatial, pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1), shape[-1],
-                         stride=pad3(tuple(stride or ()), 1), is_causal=pad3(tuple(bool(c) for c in is_causal), False))
+    cfg = choose_config(spatial, pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1), shape[-1],
+                        stride=pad3(tuple(stride or ()), 1), is_causal=pad3(tuple(bool(c) for c in is_causal), False))
+    return dataclasses.replace(cfg, tma=True) if tma_pays(spatial, shape[-1]) else cfg
 
 
 def pad3(t: tuple, fill) -> tuple:
