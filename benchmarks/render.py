@@ -399,6 +399,8 @@ def render_na_sol(run: dict[str, Any], software: dict[str, str]) -> list[str]:
     rows = []
     for r in data["rows"]:
         c = r["case"]
+        if run.get("cases") and not any(name in c["name"] for name in run["cases"]):
+            continue
         shape = f"{'×'.join(map(str, c['spatial']))}, {c['heads']} × {c['dim']}, window {'×'.join(map(str, c['kernel']))}"
         if c.get("stride"):
             shape += f", stride {'×'.join(map(str, c['stride']))}"

@@ -1,6 +1,7 @@
 """Experiment: na_triton's forward with every q/k/v tile moved by TMA (in-kernel tensor descriptors)
-instead of pointer gathers, the window math unchanged. Not in the package: it joins na_triton only if
-a GPU run shows it faster at equal accuracy.
+instead of pointer gathers, the window math unchanged, with a warp-specialised variant. The package's
+na_triton carries the TMA tiles (``NAConfig.tma``) where this measured faster; the script keeps the
+timing comparison and the warp-specialisation experiment.
 
     python3 lab/gpu/na_tma.py --check     # CPU: interpreter vs the fp32 reference; sm90 compile:
                                           # registers, spills, and whether the PTX has TMA and wgmma
