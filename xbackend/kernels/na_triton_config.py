@@ -127,7 +127,8 @@ def choose_config(
 
     ``head_dim`` does not change the pick: every head dim in ``HEAD_DIMS`` gets 4 warps and 3 stages
     at 64-query tiles, and 80 and 96 get what their padded 128 gets. Compiled for sm90 (Triton 3.9),
-    none of them spills; 128, 96 and 80 take 112 KiB of shared memory.
+    none of them spills; 128, 96 and 80 take 112 KiB of shared memory with pointer tiles, 96 KiB with
+    TMA tiles (the 24x128 video case).
     """
     glen = tuple(-(-L // d) for L, d in zip(spatial, dilation, strict=True))
     if block_m is None:
