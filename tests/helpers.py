@@ -59,3 +59,17 @@ def na_brute_force(q, k, v, kernel_size, dilation, is_causal, scale=None, stride
         out[(slice(None), *coord)] = torch.einsum("bhw,bwhd->bhd", att.softmax(-1), vv)
     assert math.prod(spatial) > 0
     return out
+
+
+def run_kit(plugin) -> tuple[list[str], int, set[torch.dtype]]:
+    """The conformance kit over every target of ``plugin`` (a ``(name, object)`` pair): its failures,
+    the number of cases run, and the dtypes it found targets for."""
+    from xbackend.testing import conformance
+
+    rt, found = conformance.targets(plugin)
+    failures, ran = [], 0
+    for target in found:
+        f, n = conformance.check(rt, target)
+        failures += f
+        ran += n
+    return failures, ran, {t.dtype for t in found}

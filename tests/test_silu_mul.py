@@ -8,12 +8,11 @@ import importlib.util
 
 import pytest
 import torch
-from helpers import DTYPES, TOL
+from helpers import DTYPES, TOL, run_kit
 
 import xbackend
 from xbackend.ops import OPS
 from xbackend.ops import silu_mul as mod
-from xbackend.testing import conformance
 
 silu_mul = xbackend.get_op("silu_mul")
 HAS_DIFFUSERS = importlib.util.find_spec("diffusers") is not None
@@ -170,13 +169,8 @@ def _plugin(name: str, fn, precision: xbackend.Precision = xbackend.EXACT, suppo
 
 
 def _check(plugin) -> tuple[list[str], int]:
-    rt, found = conformance.targets(plugin)
-    assert {t.dtype for t in found} == set(DTYPES)
-    failures, ran = [], 0
-    for target in found:
-        f, n = conformance.check(rt, target)
-        failures += f
-        ran += n
+    failures, ran, dtypes = run_kit(plugin)
+    assert dtypes == set(DTYPES)
     return failures, ran
 
 

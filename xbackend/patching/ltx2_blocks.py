@@ -266,11 +266,11 @@ def _transformer_gates_used(block: nn.Module) -> dict[str, bool]:
     return used
 
 
-def fusable_norms(block: nn.Module, descriptions: dict[str, str], used: dict[str, bool], enabled: bool) -> tuple[
-    dict[str, str | None], list[Site], list[Skipped]
-]:
-    """Per modulated norm of ``block`` (``descriptions``: name -> the expression it fuses), its flavour
-    where the fused op reproduces it, else None; the sites that fuse and the ones left as written."""
+def fusable_norms(block: nn.Module, descriptions: dict[str, str], used: dict[str, bool], enabled: bool,
+                  kind: str = "rmsnorm_modulate") -> tuple[dict[str, str | None], list[Site], list[Skipped]]:
+    """Per norm of ``block`` that a fused op reads (``descriptions``: name -> the expression it fuses),
+    its flavour where the fused op reproduces it, else None; the sites (of ``kind``) that fuse and the
+    ones left as written."""
     flavours: dict[str, str | None] = {}
     sites: list[Site] = []
     skipped: list[Skipped] = []
@@ -281,12 +281,12 @@ def fusable_norms(block: nn.Module, descriptions: dict[str, str], used: dict[str
         norm = getattr(block, name)
         flavour, detail = rmsnorm_flavour(norm)
         if flavour is None:
-            skipped.append(Skipped("rmsnorm_modulate", name, detail))
+            skipped.append(Skipped(kind, name, detail))
         elif not hookless(norm):
-            skipped.append(Skipped("rmsnorm_modulate", name, "the norm has hooks or a wrapped forward, which a fused call would skip"))
+            skipped.append(Skipped(kind, name, "the norm has hooks or a wrapped forward, which a fused call would skip"))
         else:
             flavours[name] = flavour
-            sites.append(Site("rmsnorm_modulate", name, f"{expression} [flavour={flavour}]"))
+            sites.append(Site(kind, name, f"{expression} [flavour={flavour}]"))
     return flavours, sites, skipped
 
 

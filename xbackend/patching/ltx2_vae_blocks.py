@@ -21,14 +21,13 @@ from torch import nn
 
 from ._common import (
     Findings,
+    Mark,
     PatchOptions,
     Site,
     Skipped,
     add_norm,
-    hookless,
     norm_modulate,
     own_override,
-    rmsnorm_flavour,
 )
 from .ltx2_blocks import fusable_norms, install_block
 
@@ -36,6 +35,8 @@ _DIFFUSION_NORMS = {
     "norm1": "norm1(hidden_states) * (1 + scale_msa) + shift_msa",
     "norm2": "norm2(hidden_states) * (1 + scale_mlp) + shift_mlp",
 }
+# The residual add the deterministic block's norm2 reads, folded into it.
+_NA_ADDS = {"norm2": "hidden_states + attn(norm1(hidden_states)), then norm2"}
 # The residual add each norm of a stage-5 block reads, folded into it.
 _DIFFUSION_ADDS = {
     "norm1": "hidden_states + context_proj(latent_context), then norm1's modulate",
@@ -122,13 +123,8 @@ def patch_na_block(block: nn.Module, path: str, found: Findings, options: PatchO
     if "rmsnorm" not in options.kinds:
         found.skip("add_rmsnorm", f"{path}.norm2", "folds into the norm's rmsnorm site: patch that kind too")
         return
-    flavour, detail = rmsnorm_flavour(block.norm2)
-    if flavour is None:
-        found.skip("add_rmsnorm", f"{path}.norm2", detail)
+    flavours, sites, skipped = fusable_norms(block, _NA_ADDS, dict.fromkeys(_NA_ADDS, True), True, kind="add_rmsnorm")
+    if not sites:  # norm2 does not fuse: the block keeps its forward
+        Mark((), tuple(skipped)).report(path, found, new=True)
         return
-    if not hookless(block.norm2):
-        found.skip("add_rmsnorm", f"{path}.norm2", "the norm has hooks or a wrapped forward, which a fused call would skip")
-        return
-    sites = [Site("add_rmsnorm", "norm2", f"hidden_states + attn(norm1(hidden_states)), then norm2 [flavour={flavour}]")]
-    skipped: list[Skipped] = []
-    install_block(block, path, found, na_block_forward(flavour), sites, skipped)
+    install_block(block, path, found, na_block_forward(flavours["norm2"]), sites, skipped)

@@ -76,7 +76,12 @@ def aten_vectorizes(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     align = TORCH_VEC * x.element_size()
     if x.is_contiguous() and x.data_ptr() % align:
         return False
-    return weight is None or not weight.is_contiguous() or weight.data_ptr() % align == 0
+    return weight_vectorizes(weight)
+
+
+def weight_vectorizes(weight: torch.Tensor | None) -> bool:
+    """The gamma half of ``aten_vectorizes``: a contiguous weight 4-element aligned (or none)."""
+    return weight is None or not weight.is_contiguous() or weight.data_ptr() % (TORCH_VEC * weight.element_size()) == 0
 
 
 def mean_checks_alignment(x: torch.Tensor) -> bool:
@@ -203,10 +208,8 @@ def supports_add_rmsnorm(
     if update.dtype != x.dtype or update.device != x.device:
         return "update's dtype or device differs from x"
     reason = exact_reason(x, weight, flavour, numerics, False, layout=False)
-    if reason is None and alignment and flavour == "torch" and weight is not None:
-        align = TORCH_VEC * x.element_size()
-        if weight.is_contiguous() and weight.data_ptr() % align:
-            reason = ALIGN_REASON
+    if reason is None and alignment and flavour == "torch" and not weight_vectorizes(weight):
+        reason = ALIGN_REASON
     if reason is None and (scale is None) != (shift is None):
         reason = "scale and shift come together"
     if reason is None and scale is not None:
@@ -266,4 +269,5 @@ __all__ = [
     "supports_rmsnorm_fast_torch",
     "supports_rmsnorm_modulate",
     "supports_rmsnorm_modulate_fast",
+    "weight_vectorizes",
 ]
