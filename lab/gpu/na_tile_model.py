@@ -42,7 +42,7 @@ def ranked(case: Case, block: int = 64) -> tuple[K.NAConfig, list[tuple[float, K
     for tq in C._shapes(block, q_limits):
         box = tuple(min(k + K.leader_span(t, s), L) for k, t, s, L in zip(kernel, tq, stride, spatial, strict=True))
         for tk in C._shapes(block, tuple(C._pow2_le(2 * b - 1) for b in box)):
-            cfg = K.NAConfig(tq, tk, chosen.num_warps, chosen.num_stages)
+            cfg = K.NAConfig(tq, tk, chosen.num_warps, chosen.num_stages, tma=chosen.tma)
             out.append((pairs / K.visited_pairs(case.spatial, case.kernel, (1,) * n, causal, stride[3 - n:], cfg), cfg))
     out.sort(key=lambda r: -r[0])
     return chosen, out

@@ -63,7 +63,6 @@ SWEEP = {
         NAConfig((4, 4, 4), (1, 2, 32), 4, 3),
         NAConfig((2, 4, 8), (1, 4, 32), 4, 2),
         NAConfig((2, 8, 8), (1, 4, 32), 8, 2),
-        NAConfig((2, 4, 8), (1, 2, 32), 4, 2, skip_inner_mask=False),
     ],
     "B_diffvae_40x96x96_h4_d64_w11": [
         NAConfig((4, 4, 4), (2, 2, 16), 4, 3),
@@ -75,7 +74,6 @@ SWEEP = {
         NAConfig((2, 4, 8), (2, 2, 16), 4, 3),
         NAConfig((4, 4, 4), (2, 2, 32), 4, 3),
         NAConfig((4, 4, 4), (2, 2, 16), 4, 2),
-        NAConfig((4, 4, 4), (2, 2, 16), 4, 3, skip_inner_mask=False),
     ],
 }
 # Second round around the first round's winners (notes/na.md, in the git history).
@@ -221,8 +219,7 @@ def bars_triton(run: Run, sweep: str) -> None:
             except Exception as exc:
                 run.error(f"triton {bar} {c}", exc)
                 continue
-            label = f"na_triton{' (default)' if i == 0 else ''} q{c.q_tile} kv{c.kv_tile} w{c.num_warps}s{c.num_stages}" + (
-                "" if c.skip_inner_mask else " maskall")
+            label = f"na_triton{' (default)' if i == 0 else ''} q{c.q_tile} kv{c.kv_tile} w{c.num_warps}s{c.num_stages}"
             time_row(run, bar, label, ms, dict(config=str(c)))
         del q, k, v, out
         torch.cuda.empty_cache()

@@ -10,7 +10,7 @@ for s in "$@"; do
     narrow64) step rmsnorm_narrow_d64 200 python3 lab/gpu/rmsnorm_narrow.py --d 64 --kinds rmsnorm-diffusers,modulate-diffusers --budget-s 150 --out "$OUT" ;;
     strided) step gpu_tests_strided 200 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_na_kernels.py -k "strided or gpu" ;;
     nasol) step na_sol 300 python3 benchmarks/na_sol.py --cases plain,strided,head_dims --out "$OUT/na_sol.json" ;;
-    tilemodel) step na_tile_model 240 python3 lab/gpu/na_tile_model.py --time --top 3 ;;
+    tilemodel) step na_tile_model 300 python3 lab/gpu/na_tile_model.py --time --top 3 ;;
     tma) step na_tma 200 python3 lab/gpu/na_tma.py --time ;;
     ws) step na_ws 450 python3 lab/gpu/na_tma.py --time --groups plain ;;
     natests) step gpu_tests_na 120 python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/kernels/test_na_kernels.py tests/test_neighborhood_attention.py ;;
@@ -23,6 +23,13 @@ for s in "$@"; do
     addtests) step gpu_tests_add_rmsnorm 240 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_triton_add_rmsnorm.py tests/test_add_rmsnorm.py tests/test_gpu_integration.py ;;
     addbench) step bench_add_rmsnorm 200 xbackend bench add_rmsnorm rmsnorm_modulate --json "$OUT/bench_add_rmsnorm.json" ;;
     decode) step diffvae_decode 300 python3 benchmarks/diffvae_decode.py --height 1088 --width 1920 --frames 121 --out "$OUT/diffvae_decode" ;;
+    sweep) step na_sweep 330 python3 lab/gpu/na_sweep.py --cases video,stage5 ;;
+    sweep2) step na_sweep_2 330 python3 lab/gpu/na_sweep.py --cases 2d,small3d ;;
+    tmashapes) step na_tma_shapes 200 python3 lab/gpu/na_tma_shapes.py ;;
+    sweep3) step na_sweep_3 200 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,tma flipped" ;;
+    sweep4) step na_sweep_4 200 python3 lab/gpu/na_sweep.py --cases 2d,small3d --only "shipped,tma flipped" ;;
+    sweephd) step na_sweep_hd 200 python3 lab/gpu/na_sweep.py --cases hd32,hd64,hd128,stage5 --only "shipped,tma flipped" ;;
+    nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;
   esac

@@ -12,8 +12,11 @@ fp32; bf16/fp16 operands on the tensor cores.
   grid), so the only waste beyond the box is rounding its extent up to the block shape.
 * The per-element window test is one unsigned compare per axis (and once per row on axes where
   the KV block is 1 wide). Out-of-box (overhang) keys are clamped for the load and rejected by the
-  test, so no load is predicated on the window. Skipping the test on blocks inside every query's
-  window (``skip_inner_mask``) measured slower on H200 than testing every block, so it is off.
+  test, so no load is predicated on the window.
+* The KV loop carries its block coordinates (no integer divides per trip) and folds the softmax
+  scale into the exponent's FMA: 429 SASS instructions a trip at the video case against 554 with
+  per-trip divides and a separate scale multiply (lab/gpu/na_sass.py, sm90, Triton 3.9), 8-14% less
+  time on the H200 (lab/gpu/na_sweep.py).
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
   program works on one group: stride times ``d``, base offset ``g``, group length
   ``ceil((L - g) / d)``.
@@ -29,7 +32,7 @@ fp32; bf16/fp16 operands on the tensor cores.
   those of head_dim 128, and so is the launch config. For 32, 64 and 128 (``HEAD_PAD == HEAD_DIM``)
   the masks are not generated.
 
-* TMA (``NAConfig.tma``, set by ``config_for`` where it measured faster: 3-D windows at head_dim >= 80):
+* TMA (``NAConfig.tma``, set by ``config_for`` where it measured faster: 3-D windows at head_dim >= 64):
   q/k/v/out tiles move by tensor descriptors made in the kernel over the program's dilation sub-grid
   ``[N0, N1, N2, head_dim]``. The hardware zero-fills a box past the group's end or past head_dim on
   load and clips it on store, so nothing is clamped or masked for the loads. A call whose bases or
@@ -38,8 +41,7 @@ fp32; bf16/fp16 operands on the tensor cores.
 Limits (``supports``): CUDA, bf16/fp16, any stride the op accepts, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
 contiguous, tensors under 2**31 elements (offsets within a batch are 32-bit).
 
-H200 (lab/gpu/neighborhood_attention.py): 255-261 useful TFLOP/s at (30,48,80) / 24x128 / window (18,24,24), 4.7x dense
-cuDNN SDPA; 3.8 ms (132 TFLOP/s) at the DiffVAE tile (40,96,96) / 4x64 / window 11^3.
+H200 (benchmarks/na_sol.py, docs/performance.md): the useful TFLOP/s and % of speed of light per case.
 """
 
 from __future__ import annotations
@@ -115,6 +117,33 @@ def _axis_ok(c, kv, qs, qe, ks, KV_EXTENT: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr):
+    """The KV block after the one at (c0, c1, c2) in the box walk (axis 2 fastest): carried counters
+    instead of dividing the trip count (three runtime integer divides cost about 50 instructions a
+    trip in SASS, a tenth of the loop)."""
+    wrap2 = c2 + TK2 >= end2
+    s1 = tl.where(wrap2, c1 + TK1, c1)
+    wrap1 = s1 >= end1
+    return tl.where(wrap1, c0 + TK0, c0), tl.where(wrap1, lo1, s1), tl.where(wrap2, lo2, c2 + TK2)
+
+
+@triton.jit
+def _load_block(desc, base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, s0, s1, s2, offs_d,
+                HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """The [BLOCK_N, HEAD_PAD] K or V block whose first key is (c0, c1, c2)."""
+    if TMA:
+        return tl.reshape(desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
+    else:
+        # Overhang keys are clamped into the box for the load; the window test rejects them.
+        row = (tl.minimum(c0 + n0, hi0 - 1) * s0 + tl.minimum(c1 + n1, hi1 - 1) * s1
+               + tl.minimum(c2 + n2, hi2 - 1) * s2)
+        if HEAD_PAD != HEAD_DIM:
+            return tl.load(base + row[:, None] + offs_d[None, :], mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+        else:
+            return tl.load(base + row[:, None] + offs_d[None, :])
+
+
+@triton.jit
 def _na_fwd_kernel(
     Q, K, V, Out,
     sqb, sqh, sq0, sq1, sq2,
@@ -132,7 +161,6 @@ def _na_fwd_kernel(
     TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    SKIP_INNER_MASK: tl.constexpr,
     TMA: tl.constexpr,  # tiles by TMA over the program's dilation sub-grid (descriptors made in-kernel)
 ):
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
@@ -151,9 +179,9 @@ def _na_fwd_kernel(
     N2 = (L2 - g2 + DIL2 - 1) // DIL2
     nt1 = tl.cdiv(N1, TQ1)
     nt2 = tl.cdiv(N2, TQ2)
-    # The grid is sized for group 0 (the longest); shorter groups have fewer tiles.
-    if pid_t >= tl.cdiv(N0, TQ0) * nt1 * nt2:
-        return
+    # The grid is sized for group 0 (the longest); shorter groups have fewer tiles, whose programs
+    # walk zero KV blocks and store nothing (no early return: it breaks Triton's loop passes).
+    live = pid_t < tl.cdiv(N0, TQ0) * nt1 * nt2
     t2 = pid_t % nt2
     t1 = (pid_t // nt2) % nt1
     t0 = pid_t // (nt1 * nt2)
@@ -163,25 +191,19 @@ def _na_fwd_kernel(
     z0 = tl.minimum(a0 + TQ0, N0) - 1
     z1 = tl.minimum(a1 + TQ1, N1) - 1
     z2 = tl.minimum(a2 + TQ2, N2) - 1
-    # Key box = union of the tile's windows; inner box = their intersection (no mask needed there).
+    # Key box = union of the tile's windows.
     lo0 = _win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
     lo1 = _win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
     lo2 = _win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
     hi0 = _win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
     hi1 = _win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
     hi2 = _win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
-    in_lo0 = _win_start(z0, N0, KS0, STRIDE0, CAUSAL0)
-    in_lo1 = _win_start(z1, N1, KS1, STRIDE1, CAUSAL1)
-    in_lo2 = _win_start(z2, N2, KS2, STRIDE2, CAUSAL2)
-    in_hi0 = _win_end(a0, N0, KS0, STRIDE0, CAUSAL0)
-    in_hi1 = _win_end(a1, N1, KS1, STRIDE1, CAUSAL1)
-    in_hi2 = _win_end(a2, N2, KS2, STRIDE2, CAUSAL2)
 
     offs_m = tl.arange(0, BLOCK_M)
     m0 = a0 + offs_m // (TQ1 * TQ2)
     m1 = a1 + (offs_m // TQ2) % TQ1
     m2 = a2 + offs_m % TQ2
-    row_ok = (m0 < N0) & (m1 < N1) & (m2 < N2)
+    row_ok = (m0 < tl.where(live, N0, 0)) & (m1 < N1) & (m2 < N2)
     # Rows past the group's end stand in for its last query (finite softmax, store masked off).
     m0 = tl.minimum(m0, N0 - 1)
     m1 = tl.minimum(m1, N1 - 1)
@@ -218,6 +240,8 @@ def _na_fwd_kernel(
                                            block_shape=[TK0, TK1, TK2, HEAD_PAD])
         q = tl.reshape(q_desc.load([a0, a1, a2, 0]), [BLOCK_M, HEAD_PAD])
     else:
+        k_desc = k_base  # unused: _load_block reads through pointers
+        v_desc = v_base
         q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
         if HEAD_PAD != HEAD_DIM:
             q = tl.load(q_base + q_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
@@ -230,64 +254,51 @@ def _na_fwd_kernel(
     n2 = offs_n % TK2
     nb1 = tl.cdiv(hi1 - lo1, TK1)
     nb2 = tl.cdiv(hi2 - lo2, TK2)
-    n_blocks = tl.cdiv(hi0 - lo0, TK0) * nb1 * nb2
+    n_blocks = tl.where(live, tl.cdiv(hi0 - lo0, TK0) * nb1 * nb2, 0)
+    end1 = lo1 + nb1 * TK1
+    end2 = lo2 + nb2 * TK2
+    ks0 = DIL0 * sk0
+    ks1 = DIL1 * sk1
+    ks2 = DIL2 * sk2
+    vs0 = DIL0 * sv0
+    vs1 = DIL1 * sv1
+    vs2 = DIL2 * sv2
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
-    for j in range(0, n_blocks):
-        c0 = lo0 + (j // (nb1 * nb2)) * TK0
-        c1 = lo1 + ((j // nb2) % nb1) * TK1
-        c2 = lo2 + (j % nb2) * TK2
-        k0 = c0 + n0
-        k1 = c1 + n1
-        k2 = c2 + n2
-        if TMA:
-            kb = tl.reshape(k_desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
-            vb = tl.reshape(v_desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
-        else:
-            # Overhang keys are clamped into the box for the load; the window test rejects them.
-            r0 = tl.minimum(k0, hi0 - 1)
-            r1 = tl.minimum(k1, hi1 - 1)
-            r2 = tl.minimum(k2, hi2 - 1)
-            k_row = r0 * (DIL0 * sk0) + r1 * (DIL1 * sk1) + r2 * (DIL2 * sk2)
-            v_row = r0 * (DIL0 * sv0) + r1 * (DIL1 * sv1) + r2 * (DIL2 * sv2)
-            if HEAD_PAD != HEAD_DIM:
-                kb = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-                vb = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-            else:
-                kb = tl.load(k_base + k_row[:, None] + offs_d[None, :])
-                vb = tl.load(v_base + v_row[:, None] + offs_d[None, :])
-        qk = tl.dot(q, tl.trans(kb)) * qk_scale
-        inner = (
-            (c0 >= in_lo0) & (c0 + TK0 <= in_hi0)
-            & (c1 >= in_lo1) & (c1 + TK1 <= in_hi1)
-            & (c2 >= in_lo2) & (c2 + TK2 <= in_hi2)
-        )
-        if SKIP_INNER_MASK:
-            if not inner:
-                ok = _axis_ok(c0, k0, qs0, qe0, KS0, TK0, CAUSAL0)
-                ok = ok & _axis_ok(c1, k1, qs1, qe1, KS1, TK1, CAUSAL1)
-                ok = ok & _axis_ok(c2, k2, qs2, qe2, KS2, TK2, CAUSAL2)
-                qk = tl.where(ok, qk, float("-inf"))
-        else:
-            ok = _axis_ok(c0, k0, qs0, qe0, KS0, TK0, CAUSAL0)
-            ok = ok & _axis_ok(c1, k1, qs1, qe1, KS1, TK1, CAUSAL1)
-            ok = ok & _axis_ok(c2, k2, qs2, qe2, KS2, TK2, CAUSAL2)
-            qk = tl.where(ok, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+    c0 = lo0
+    c1 = lo1
+    c2 = lo2
+    for _ in range(0, n_blocks):
+        # K and V of a block are loaded together, ahead of the first dot (measured on the H200 with
+        # Triton 3.6: V's TMA load placed after the q.k dot gave wrong results for square
+        # BLOCK_N x HEAD_PAD blocks, 64 x 64 and 128 x 128; lab/gpu/na_tma_shapes.py).
+        kb = _load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
+                         HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+        vb = _load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
+                         HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+        qk = tl.dot(q, tl.trans(kb))
+        ok = _axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
+        ok = ok & _axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
+        ok = ok & _axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
+        qk = tl.where(ok, qk, float("-inf"))
+        # The softmax scale rides in the exponent's FMA (q.k * scale - max), as in the row max.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
         m_i = m_new
+        c0, c1, c2 = _next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
 
     acc = acc / l_i[:, None]
     if TMA:
         o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM],
                                            strides=[DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
                                            block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
-        o_desc.store([a0, a1, a2, 0], tl.reshape(acc.to(Out.dtype.element_ty), [TQ0, TQ1, TQ2, HEAD_PAD]))
+        if live:
+            o_desc.store([a0, a1, a2, 0], tl.reshape(acc.to(Out.dtype.element_ty), [TQ0, TQ1, TQ2, HEAD_PAD]))
     else:
         o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
         if HEAD_PAD != HEAD_DIM:
@@ -390,7 +401,6 @@ def neighborhood_attention(
         *config.kv_tile,
         HEAD_DIM=head_dim,
         HEAD_PAD=triton.next_power_of_2(head_dim),
-        SKIP_INNER_MASK=config.skip_inner_mask,
         TMA=tma,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -24,22 +24,19 @@ class NAConfig:
     kv_tile: tuple[int, int, int]
     num_warps: int
     num_stages: int
-    # Branch around the window test on KV blocks inside every query's window. Measured slower on
-    # H200 (the branch costs more than the compares it saves), hence off by default.
-    skip_inner_mask: bool = False
     # Move q/k/v/out tiles by TMA (in-kernel tensor descriptors over the program's dilation sub-grid)
     # instead of pointer gathers; ``config_for`` sets it where that measured faster (``tma_pays``).
     tma: bool = False
 
 
-# TMA tiles took 4.5-9% less time than pointer gathers on the H200 for 3-D windows at head_dim 80-128
-# (benchmarks/na_sol.py's 3-D cases and stage-4 head-dim tiles, lab/gpu/na_tma.py --time), about the
-# same at head_dim 64 and more time on 2-D windows (+27%) and at head_dim 32 (+8%).
-TMA_MIN_HEAD_DIM = 80
+# TMA tiles against pointer gathers on the H200 (lab/gpu/na_sweep.py, Triton 3.6): 4-8% less time on 3-D
+# windows at head_dim 64 (DiffVAE stage-4 and stage-5 tiles) and 80-128 (the video cases; at the stage-4
+# tile, 128 measured within 2% either way), 2% more at head_dim 32, 27-34% more on 2-D windows.
+TMA_MIN_HEAD_DIM = 64
 
 
 def tma_pays(spatial: tuple[int, int, int], head_dim: int) -> bool:
-    """The measured rule: TMA for 3-D problems (every axis longer than 1) at head_dim >= 80."""
+    """The measured rule: TMA for 3-D problems (every axis longer than 1) at head_dim >= 64."""
     return head_dim >= TMA_MIN_HEAD_DIM and all(n > 1 for n in spatial)
 
 
@@ -117,37 +114,29 @@ def choose_config(
     stride: tuple[int, int, int] = (1, 1, 1),
     is_causal: tuple[bool, bool, bool] = (False, False, False),
 ) -> NAConfig:
-    """Pick Q tile / KV block shapes minimising (padded queries) x (keys visited per query).
-
-    Stride 1 (the H200-measured picks): per axis a Q tile of extent t over a group of length n visits a
-    key box of at most min(k + t - 1, n) positions, rounded up to the KV block extent; queries are
-    padded to whole tiles. Stride > 1: the exact count of computed pairs (``visited_pairs``), since a
-    tile's box there depends on where it falls against the stride groups (``leader_span`` bounds it).
-    Neither model counts the mask cost, which grows with the box rim in every shape alike.
+    """Pick the Q tile / KV block shapes that compute the fewest query-key pairs (``visited_pairs``:
+    padded Q tiles times whole KV blocks over each tile's key box); ties go to the first shape in
+    ``_shapes`` order. On the H200 the exact count's picks measured as fast as or faster than a
+    per-axis max-box bound (3-D video 5.7% less time, small-window 3-D 17%; lab/gpu/na_tile_model.py
+    --time). The count leaves out the window test's cost, which grows with the box rim in every shape
+    alike.
 
     ``head_dim`` does not change the pick: every head dim in ``HEAD_DIMS`` gets 4 warps and 3 stages
-    at 64-query tiles, and 80 and 96 get what their padded 128 gets. Compiled for sm90 (Triton 3.9),
-    none of them spills; 128, 96 and 80 take 112 KiB of shared memory with pointer tiles, 96 KiB with
-    TMA tiles (the 24x128 video case).
+    at 64-query tiles, and 80 and 96 get what their padded 128 gets. Compiled for sm90, none of them
+    spills.
     """
     glen = tuple(-(-L // d) for L, d in zip(spatial, dilation, strict=True))
     if block_m is None:
         # H200: 64-query tiles with 4 warps beat 128/8 at d=128 too (smaller key box per query).
         block_m = 64
     best: tuple[float, NAConfig] | None = None
-    strided = any(s > 1 for s in stride)
     q_limits = tuple(_pow2_le(2 * n - 1) for n in glen)  # smallest power of two covering n
     for tq in _shapes(block_m, q_limits):
         box = tuple(min(k + leader_span(t, s), n) for k, t, s, n in zip(kernel_size, tq, stride, glen, strict=True))
         k_limits = tuple(_pow2_le(2 * bx - 1) for bx in box)
         for tk in _shapes(block_n, k_limits):
             cfg = NAConfig(tq, tk, 4 if block_m <= 64 else 8, 3)
-            if strided:
-                score = visited_pairs(spatial, kernel_size, dilation, is_causal, stride, cfg)
-            else:
-                queries = math.prod(-(-n // t) * t for n, t in zip(glen, tq, strict=True))
-                keys = math.prod(-(-bx // t) * t for bx, t in zip(box, tk, strict=True))
-                score = queries * keys
+            score = visited_pairs(spatial, kernel_size, dilation, is_causal, stride, cfg)
             if best is None or score < best[0]:
                 best = (score, cfg)
     if best is None:

@@ -1,0 +1,120 @@
+"""na_triton variants on benchmarks/na_sol.py's cases, timed in one process on the GPU: the shipped
+config, launch-config neighbours (stages, KV block width, 128-query tiles, TMA or pointer tiles), and
+the previous kernel source (``lab/gpu/na_triton_prev.py``, when present) at the same config.
+
+    python3 lab/gpu/na_sweep.py [--cases video,stage5] [--ncu]
+
+Per variant: median ms (do_bench), rate on useful and on computed pairs, error against the fp32
+reference on 1024 queries. ``--ncu`` instead launches the shipped config of each case three times
+(for ``ncu -k regex:_na_fwd --launch-skip 2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from na_sol import CASES, args_of, useful_pairs  # noqa: E402
+
+from xbackend.kernels import na_triton as K  # noqa: E402
+from xbackend.kernels import na_triton_config as C  # noqa: E402
+from xbackend.ops.neighborhood_attention import attend_fp32  # noqa: E402
+
+SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D image", "small3d": "3-D small window",
+         **{f"hd{d}": f"DiffVAE stage-4 tile, {h} x {d}" for h, d in ((16, 32), (8, 64), (6, 80), (5, 96), (4, 128))}}
+
+
+def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
+    n = len(case.spatial)
+    lead = (1,) * (3 - n)
+    spatial = lead + case.spatial
+    out = [("shipped", base),
+           ("stages 2", dataclasses.replace(base, num_stages=2)), ("stages 4", dataclasses.replace(base, num_stages=4)),
+           ("tma flipped", dataclasses.replace(base, tma=not base.tma))]
+    wide = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, block_n=128)
+    out.append(("kv 128", dataclasses.replace(wide, tma=base.tma)))
+    out.append(("kv 128 stages 2", dataclasses.replace(wide, tma=base.tma, num_stages=2)))
+    tall = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, block_m=128)
+    out.append(("q 128 / 8 warps", dataclasses.replace(tall, tma=base.tma, num_stages=2)))
+    out.append(("kv 32", dataclasses.replace(C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim,
+                                                             block_n=32), tma=base.tma, num_stages=4)))
+    kv32 = dataclasses.replace(C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, block_n=32),
+                               tma=base.tma)
+    out += [("kv 32 stages 3", kv32), ("kv 32 stages 2", dataclasses.replace(kv32, num_stages=2))]
+    return out
+
+
+def compiled(kernel) -> str:
+    """Registers and shared memory of the kernel's most recent compile (Triton's JIT cache)."""
+    try:
+        cache = next(iter(kernel.device_caches.values()))[0]
+        k = list(cache.values())[-1]
+        return f"{k.n_regs} regs {k.metadata.shared // 1024} KiB"
+    except Exception:  # the cache layout is Triton's private business; the row stands without it
+        return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="video,stage5,2d,small3d")
+    ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--only", default=None, help="comma-separated variant labels to time (default: all)")
+    a = ap.parse_args()
+    from triton.testing import do_bench
+
+    by_name = {c.name: c for group in CASES.values() for c in group}
+    try:
+        prev = importlib.import_module("na_triton_prev")
+    except ImportError:
+        prev = None
+    for key in a.cases.split(","):
+        case = by_name[SHORT[key]]
+        args = args_of(case, torch.device("cuda"))
+        n = len(case.spatial)
+        base = K.config_for(args[0].shape, case.kernel, (1,) * n, (False,) * n)
+        if a.ncu:
+            for _ in range(3):
+                K.neighborhood_attention(*args, config=base)
+            torch.cuda.synchronize()
+            continue
+        tokens = math.prod(case.spatial)
+        idx = torch.randperm(tokens, generator=torch.Generator().manual_seed(1))[:1024].cuda()
+        ref = attend_fp32(*args, query_index=idx)
+        pairs = useful_pairs(case)
+        flops = 4 * case.dim * case.heads * case.batch
+        print(f"\n{case.name}: {case.spatial} x {case.heads} x {case.dim}, window {case.kernel}", flush=True)
+        rows = [r for r in variants(case, base) if a.only is None or r[0] in a.only.split(",")]
+        if prev is not None:
+            rows.insert(1, ("previous kernel", base))
+        for label, cfg in rows:
+            fn = prev.neighborhood_attention if label == "previous kernel" else K.neighborhood_attention
+            try:
+                out = fn(*args, config=cfg)
+                got = out.reshape(case.batch, tokens, case.heads, case.dim)[:, idx].float()
+                err = float((got - ref).norm() / ref.norm())
+                ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")
+            except Exception as exc:  # a variant that does not compile or launch is a row, not a stop
+                print(f"  {label:<18} {cfg!s:<60} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            computed = K.visited_pairs(case.spatial, case.kernel, (1,) * n, (False,) * n, (1,) * n, cfg)
+            print(f"  {label:<18} q{cfg.q_tile} kv{cfg.kv_tile} w{cfg.num_warps} s{cfg.num_stages} tma {int(cfg.tma)}"
+                  f": {ms:8.3f} ms  useful {flops * pairs / ms / 1e9:5.0f}  computed "
+                  f"{flops * computed / ms / 1e9:5.0f} TFLOP/s  useful/computed {pairs / computed:.3f}  error {err:.4f}  "
+                  f"{compiled((prev if label == 'previous kernel' else K)._na_fwd_kernel)}",
+                  flush=True)
+        del args, ref
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
