@@ -1,6 +1,7 @@
 """na_triton variants on benchmarks/na_sol.py's cases, timed in one process on the GPU: the shipped
 config, launch-config neighbours (stages, KV block width, 128-query tiles, TMA or pointer tiles), and
-the previous kernel source (``lab/gpu/na_triton_prev.py``, when present) at the same config.
+the comparison variant with per-trip divides and a separate scale multiply
+(``lab/gpu/na_triton_divides.py``) at the same config.
 
     python3 lab/gpu/na_sweep.py [--cases video,stage5] [--ncu]
 
@@ -74,7 +75,7 @@ def main() -> None:
 
     by_name = {c.name: c for group in CASES.values() for c in group}
     try:
-        prev = importlib.import_module("na_triton_prev")
+        prev = importlib.import_module("na_triton_divides")
     except ImportError:
         prev = None
     for key in a.cases.split(","):
@@ -95,9 +96,9 @@ def main() -> None:
         print(f"\n{case.name}: {case.spatial} x {case.heads} x {case.dim}, window {case.kernel}", flush=True)
         rows = [r for r in variants(case, base) if a.only is None or r[0] in a.only.split(",")]
         if prev is not None:
-            rows.insert(1, ("previous kernel", base))
+            rows.insert(1, ("divides variant", base))
         for label, cfg in rows:
-            fn = prev.neighborhood_attention if label == "previous kernel" else K.neighborhood_attention
+            fn = prev.neighborhood_attention if label == "divides variant" else K.neighborhood_attention
             try:
                 out = fn(*args, config=cfg)
                 got = out.reshape(case.batch, tokens, case.heads, case.dim)[:, idx].float()
@@ -110,7 +111,7 @@ def main() -> None:
             print(f"  {label:<18} q{cfg.q_tile} kv{cfg.kv_tile} w{cfg.num_warps} s{cfg.num_stages} tma {int(cfg.tma)}"
                   f": {ms:8.3f} ms  useful {flops * pairs / ms / 1e9:5.0f}  computed "
                   f"{flops * computed / ms / 1e9:5.0f} TFLOP/s  useful/computed {pairs / computed:.3f}  error {err:.4f}  "
-                  f"{compiled((prev if label == 'previous kernel' else K)._na_fwd_kernel)}",
+                  f"{compiled((prev if label == 'divides variant' else K)._na_fwd_kernel)}",
                   flush=True)
         del args, ref
         torch.cuda.empty_cache()

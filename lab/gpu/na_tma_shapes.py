@@ -22,7 +22,7 @@ from xbackend.ops.neighborhood_attention import attend_fp32  # noqa: E402
 def main() -> None:
     try:
         sys.path.insert(0, str(ROOT / "lab" / "gpu"))
-        import na_triton_prev as prev
+        import na_triton_divides as prev
     except ImportError:
         prev = None
     g = torch.Generator("cuda").manual_seed(0)
@@ -35,7 +35,7 @@ def main() -> None:
         for tq in ((2, 4, 8),):
             for tk in ((1, 2, 32), (1, 4, 16), (2, 1, 32), (2, 2, 16), (4, 4, 4), (8, 8, 1), (1, 4, 32), (2, 2, 32)):
                 line = f"  q{tq} kv{tk}:"
-                for label, mod, tma in (("tma", K, True), ("prev tma", prev, True)):
+                for label, mod, tma in (("tma", K, True), ("divides tma", prev, True)):
                     if mod is None:
                         continue
                     cfg = K.NAConfig(tq, tk, 4, 3, tma=tma)

@@ -24,6 +24,7 @@ for s in "$@"; do
     addbench) step bench_add_rmsnorm 200 xbackend bench add_rmsnorm rmsnorm_modulate --json "$OUT/bench_add_rmsnorm.json" ;;
     decode) step diffvae_decode 300 python3 benchmarks/diffvae_decode.py --height 1088 --width 1920 --frames 121 --out "$OUT/diffvae_decode" ;;
     sweep) step na_sweep 330 python3 lab/gpu/na_sweep.py --cases video,stage5 ;;
+    sweepv) step na_sweep_video 150 python3 lab/gpu/na_sweep.py --cases video ;;
     sweep2) step na_sweep_2 330 python3 lab/gpu/na_sweep.py --cases 2d,small3d ;;
     tmashapes) step na_tma_shapes 200 python3 lab/gpu/na_tma_shapes.py ;;
     sweep3) step na_sweep_3 200 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,tma flipped" ;;

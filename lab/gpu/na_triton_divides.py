@@ -1,0 +1,434 @@
+"""Comparison variant of xbackend/kernels/na_triton.py for lab/gpu/na_sweep.py and na_tma_shapes.py: the
+same kernel with the KV block coordinates divided out of the trip count every trip (three runtime
+integer divides) and the softmax scale as a separate multiply, K and V loaded together ahead of the
+q.k dot. Launch configs come from the package (``NAConfig``); its ``skip_inner_mask`` path is off.
+Not imported by the package.
+
+The package kernel's docstring follows.
+Fused neighborhood attention forward in Triton (tuned for Hopper, SM90).
+
+Flash-attention style: one program per (Q tile, batch*head, dilation group); online softmax in
+fp32; bf16/fp16 operands on the tensor cores.
+
+* A Q tile is a spatial box of ``TQ0 x TQ1 x TQ2`` queries (BLOCK_M tokens), read straight from the
+  heads-last ``[B, *spatial, heads, dim]`` tensor: every token row is ``dim`` contiguous elements, so
+  no permuted copy of q/k/v is ever made and padding is free (rows are clamped / masked).
+* The keys a Q tile needs form a box per axis: the union of its queries' windows is
+  ``[start(first query), end(last query))`` because window bounds are monotone. That box is walked
+  in KV blocks of ``TK0 x TK1 x TK2`` tokens that start at the box origin (not at a global tile
+  grid), so the only waste beyond the box is rounding its extent up to the block shape.
+* The per-element window test is one unsigned compare per axis (and once per row on axes where
+  the KV block is 1 wide). Out-of-box (overhang) keys are clamped for the load and rejected by the
+  test, so no load is predicated on the window. Skipping the test on blocks inside every query's
+  window (``skip_inner_mask``) measured slower on H200 than testing every block, so it is off.
+* Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
+  program works on one group: stride times ``d``, base offset ``g``, group length
+  ``ceil((L - g) / d)``.
+* Stride (strided NA): queries grouped by ``stride`` share their group leader's window, so the
+  window bounds stay monotone in the query and the key box of a tile is still its first query's start
+  to its last query's end. The leader is one integer divide per row, before the KV loop; stride 1
+  is a compile-time constant that folds it away (the stride-1 kernel is the same code as without
+  stride). A Q tile that covers whole stride groups of ``stride = kernel_size`` sees one dense window.
+  Strided windows are tested on the H200 (tests/kernels/test_na_kernels.py) and under Triton's interpreter.
+* Head dims that are not a power of two (80, 96) run padded to the next one (``HEAD_PAD`` = 128):
+  q/k/v loads are masked along the head dim with zero fill and the store masks the pad columns off,
+  while strides and pointer math use the real ``HEAD_DIM``. Shared memory and tensor-core work are
+  those of head_dim 128, and so is the launch config. For 32, 64 and 128 (``HEAD_PAD == HEAD_DIM``)
+  the masks are not generated.
+
+* TMA (``NAConfig.tma``, set by ``config_for`` where it measured faster: 3-D windows at head_dim >= 80):
+  q/k/v/out tiles move by tensor descriptors made in the kernel over the program's dilation sub-grid
+  ``[N0, N1, N2, head_dim]``. The hardware zero-fills a box past the group's end or past head_dim on
+  load and clips it on store, so nothing is clamped or masked for the loads. A call whose bases or
+  strides break TMA's 16-byte rules (``tma_layout_ok``) takes the pointer loads.
+
+Limits (``supports``): CUDA, bf16/fp16, any stride the op accepts, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
+contiguous, tensors under 2**31 elements (offsets within a batch are 32-bit).
+
+H200 (lab/gpu/neighborhood_attention.py): 255-261 useful TFLOP/s at (30,48,80) / 24x128 / window (18,24,24), 4.7x dense
+cuDNN SDPA; 3.8 ms (132 TFLOP/s) at the DiffVAE tile (40,96,96) / 4x64 / window 11^3.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from xbackend.kernels.na_triton_config import NAConfig, choose_config, config_for, leader_span, pad3, visited_pairs
+
+__all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "config_for", "leader_span", "neighborhood_attention", "supports",
+           "tma_layout_ok", "visited_pairs"]
+
+_LOG2E = 1.4426950408889634
+
+# Head dims supports() accepts. 80 and 96 run padded to the next power of two (128), so they cost
+# what 128 costs in shared memory and tensor-core work.
+HEAD_DIMS = (32, 64, 80, 96, 128)
+
+
+@triton.jit
+def _leader(m, n, S: tl.constexpr, CAUSAL: tl.constexpr):
+    """The query whose window query ``m`` shares: queries ``[S*j, S*j + S)`` share their group's middle
+    one (causal: its last one), clamped to the axis end. ``S == 1`` is ``m`` itself, folded at compile."""
+    if S == 1:
+        return m
+    else:
+        if CAUSAL:
+            return tl.minimum((m // S) * S + (S - 1), n - 1)
+        else:
+            return tl.minimum((m // S) * S + S // 2, n - 1)
+
+
+@triton.jit
+def _win_start(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
+    c = _leader(m, n, S, CAUSAL)
+    if CAUSAL:
+        return tl.maximum(c - ks + 1, 0)
+    else:
+        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks)
+
+
+@triton.jit
+def _win_end(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
+    if CAUSAL:
+        # Causal: the leader's window, cut at the query itself (never past its own position).
+        return m + 1
+    else:
+        c = _leader(m, n, S, CAUSAL)
+        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks) + ks
+
+
+@triton.jit
+def _axis_ok(c, kv, qs, qe, ks, KV_EXTENT: tl.constexpr, CAUSAL: tl.constexpr):
+    """Keys inside [qs, qe) per query row along one axis. c: the block's first coordinate (scalar),
+    kv: per-key coordinates [N]. Gives [M, 1] when the block is 1 wide on this axis (one compare
+    per row instead of per element), else [M, N]. Unsigned wrap folds both bounds into one compare.
+    """
+    if KV_EXTENT == 1:
+        d = (c - qs)[:, None]
+    else:
+        d = kv[None, :] - qs[:, None]
+    if CAUSAL:
+        w = (qe - qs)[:, None]
+    else:
+        w = ks
+    return d.to(tl.uint32, bitcast=True) < w.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _na_fwd_kernel(
+    Q, K, V, Out,
+    sqb, sqh, sq0, sq1, sq2,
+    skb, skh, sk0, sk1, sk2,
+    svb, svh, sv0, sv1, sv2,
+    sob, soh, so0, so1, so2,
+    L0, L1, L2,
+    KS0, KS1, KS2,
+    DIL0, DIL1, DIL2,
+    n_heads,
+    qk_scale,
+    CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+    STRIDE0: tl.constexpr, STRIDE1: tl.constexpr, STRIDE2: tl.constexpr,
+    TQ0: tl.constexpr, TQ1: tl.constexpr, TQ2: tl.constexpr,
+    TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    SKIP_INNER_MASK: tl.constexpr,
+    TMA: tl.constexpr,  # tiles by TMA over the program's dilation sub-grid (descriptors made in-kernel)
+):
+    BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
+    BLOCK_N: tl.constexpr = TK0 * TK1 * TK2
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_g = tl.program_id(2)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    g2 = pid_g % DIL2
+    g1 = (pid_g // DIL2) % DIL1
+    g0 = pid_g // (DIL1 * DIL2)
+    # This dilation group's length along each axis.
+    N0 = (L0 - g0 + DIL0 - 1) // DIL0
+    N1 = (L1 - g1 + DIL1 - 1) // DIL1
+    N2 = (L2 - g2 + DIL2 - 1) // DIL2
+    nt1 = tl.cdiv(N1, TQ1)
+    nt2 = tl.cdiv(N2, TQ2)
+    # The grid is sized for group 0 (the longest); shorter groups have fewer tiles.
+    if pid_t >= tl.cdiv(N0, TQ0) * nt1 * nt2:
+        return
+    t2 = pid_t % nt2
+    t1 = (pid_t // nt2) % nt1
+    t0 = pid_t // (nt1 * nt2)
+    a0 = t0 * TQ0
+    a1 = t1 * TQ1
+    a2 = t2 * TQ2
+    z0 = tl.minimum(a0 + TQ0, N0) - 1
+    z1 = tl.minimum(a1 + TQ1, N1) - 1
+    z2 = tl.minimum(a2 + TQ2, N2) - 1
+    # Key box = union of the tile's windows; inner box = their intersection (no mask needed there).
+    lo0 = _win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
+    lo1 = _win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
+    lo2 = _win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
+    hi0 = _win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
+    hi1 = _win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
+    hi2 = _win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
+    in_lo0 = _win_start(z0, N0, KS0, STRIDE0, CAUSAL0)
+    in_lo1 = _win_start(z1, N1, KS1, STRIDE1, CAUSAL1)
+    in_lo2 = _win_start(z2, N2, KS2, STRIDE2, CAUSAL2)
+    in_hi0 = _win_end(a0, N0, KS0, STRIDE0, CAUSAL0)
+    in_hi1 = _win_end(a1, N1, KS1, STRIDE1, CAUSAL1)
+    in_hi2 = _win_end(a2, N2, KS2, STRIDE2, CAUSAL2)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    m0 = a0 + offs_m // (TQ1 * TQ2)
+    m1 = a1 + (offs_m // TQ2) % TQ1
+    m2 = a2 + offs_m % TQ2
+    row_ok = (m0 < N0) & (m1 < N1) & (m2 < N2)
+    # Rows past the group's end stand in for its last query (finite softmax, store masked off).
+    m0 = tl.minimum(m0, N0 - 1)
+    m1 = tl.minimum(m1, N1 - 1)
+    m2 = tl.minimum(m2, N2 - 1)
+    qs0 = _win_start(m0, N0, KS0, STRIDE0, CAUSAL0)
+    qs1 = _win_start(m1, N1, KS1, STRIDE1, CAUSAL1)
+    qs2 = _win_start(m2, N2, KS2, STRIDE2, CAUSAL2)
+    qe0 = _win_end(m0, N0, KS0, STRIDE0, CAUSAL0)
+    qe1 = _win_end(m1, N1, KS1, STRIDE1, CAUSAL1)
+    qe2 = _win_end(m2, N2, KS2, STRIDE2, CAUSAL2)
+
+    # HEAD_PAD: HEAD_DIM rounded up to a power of two (block shapes must be). Where they differ, loads
+    # fill the pad columns with zeros (they add nothing to q.k; p.v's pad columns are not stored).
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_DIM
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
+    k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
+    v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
+    o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
+    if TMA:
+        # One descriptor per tensor over this program's sub-grid [N0, N1, N2, HEAD_DIM]: a box past the
+        # group's end or past HEAD_DIM is zero-filled on load (those keys fail the window test, those
+        # query rows and pad columns are clipped on store), so nothing is clamped or masked here.
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * sq0, DIL1 * sq1, DIL2 * sq2, 1],
+                                           block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * sk0, DIL1 * sk1, DIL2 * sk2, 1],
+                                           block_shape=[TK0, TK1, TK2, HEAD_PAD])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * sv0, DIL1 * sv1, DIL2 * sv2, 1],
+                                           block_shape=[TK0, TK1, TK2, HEAD_PAD])
+        q = tl.reshape(q_desc.load([a0, a1, a2, 0]), [BLOCK_M, HEAD_PAD])
+    else:
+        q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
+        if HEAD_PAD != HEAD_DIM:
+            q = tl.load(q_base + q_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        else:
+            q = tl.load(q_base + q_row[:, None] + offs_d[None, :])
+
+    offs_n = tl.arange(0, BLOCK_N)
+    n0 = offs_n // (TK1 * TK2)
+    n1 = (offs_n // TK2) % TK1
+    n2 = offs_n % TK2
+    nb1 = tl.cdiv(hi1 - lo1, TK1)
+    nb2 = tl.cdiv(hi2 - lo2, TK2)
+    n_blocks = tl.cdiv(hi0 - lo0, TK0) * nb1 * nb2
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    for j in range(0, n_blocks):
+        c0 = lo0 + (j // (nb1 * nb2)) * TK0
+        c1 = lo1 + ((j // nb2) % nb1) * TK1
+        c2 = lo2 + (j % nb2) * TK2
+        k0 = c0 + n0
+        k1 = c1 + n1
+        k2 = c2 + n2
+        if TMA:
+            kb = tl.reshape(k_desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
+            vb = tl.reshape(v_desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
+        else:
+            # Overhang keys are clamped into the box for the load; the window test rejects them.
+            r0 = tl.minimum(k0, hi0 - 1)
+            r1 = tl.minimum(k1, hi1 - 1)
+            r2 = tl.minimum(k2, hi2 - 1)
+            k_row = r0 * (DIL0 * sk0) + r1 * (DIL1 * sk1) + r2 * (DIL2 * sk2)
+            v_row = r0 * (DIL0 * sv0) + r1 * (DIL1 * sv1) + r2 * (DIL2 * sv2)
+            if HEAD_PAD != HEAD_DIM:
+                kb = tl.load(k_base + k_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+                vb = tl.load(v_base + v_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+            else:
+                kb = tl.load(k_base + k_row[:, None] + offs_d[None, :])
+                vb = tl.load(v_base + v_row[:, None] + offs_d[None, :])
+        qk = tl.dot(q, tl.trans(kb)) * qk_scale
+        inner = (
+            (c0 >= in_lo0) & (c0 + TK0 <= in_hi0)
+            & (c1 >= in_lo1) & (c1 + TK1 <= in_hi1)
+            & (c2 >= in_lo2) & (c2 + TK2 <= in_hi2)
+        )
+        if SKIP_INNER_MASK:
+            if not inner:
+                ok = _axis_ok(c0, k0, qs0, qe0, KS0, TK0, CAUSAL0)
+                ok = ok & _axis_ok(c1, k1, qs1, qe1, KS1, TK1, CAUSAL1)
+                ok = ok & _axis_ok(c2, k2, qs2, qe2, KS2, TK2, CAUSAL2)
+                qk = tl.where(ok, qk, float("-inf"))
+        else:
+            ok = _axis_ok(c0, k0, qs0, qe0, KS0, TK0, CAUSAL0)
+            ok = ok & _axis_ok(c1, k1, qs1, qe1, KS1, TK1, CAUSAL1)
+            ok = ok & _axis_ok(c2, k2, qs2, qe2, KS2, TK2, CAUSAL2)
+            qk = tl.where(ok, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    if TMA:
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM],
+                                           strides=[DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
+                                           block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
+        o_desc.store([a0, a1, a2, 0], tl.reshape(acc.to(Out.dtype.element_ty), [TQ0, TQ1, TQ2, HEAD_PAD]))
+    else:
+        o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
+        if HEAD_PAD != HEAD_DIM:
+            tl.store(
+                o_base + o_row[:, None] + offs_d[None, :],
+                acc.to(Out.dtype.element_ty),
+                mask=row_ok[:, None] & d_ok[None, :],
+            )
+        else:
+            tl.store(o_base + o_row[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def supports(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    scale: float | None,
+    stride: tuple[int, ...] | None = None,
+) -> str | None:
+    if q.device.type not in ("cuda", "meta"):  # meta: planning for a simulated device
+        return "needs a CUDA device"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {q.dtype} not supported (bf16/fp16 only)"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return "q, k, v dtypes differ"
+    if not (k.shape == q.shape and v.shape == q.shape):
+        return "q, k, v must share one shape"
+    if not 1 <= q.dim() - 3 <= 3:
+        return "needs 1 to 3 spatial dims"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} not in {HEAD_DIMS}"
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        return "needs contiguous last dim"
+    if any(t.numel() >= 2**31 for t in (q, k, v)):
+        return "tensor has >= 2**31 elements"
+    return None
+
+
+def _as_3d(x: torch.Tensor) -> torch.Tensor:
+    """View [B, *spatial(1..3), H, D] as [B, S0, S1, S2, H, D] with leading unit axes."""
+    while x.dim() < 6:
+        x = x.unsqueeze(1)
+    return x
+
+
+def neighborhood_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    scale: float | None,
+    stride: tuple[int, ...] | None = None,
+    *,
+    config: NAConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fused neighborhood attention forward. Output has q's shape and dtype (contiguous)."""
+    ks = pad3(tuple(kernel_size), 1)
+    st = pad3(tuple(stride) if stride is not None else (), 1)
+    dil = pad3(tuple(dilation), 1)
+    causal = pad3(tuple(bool(c) for c in is_causal), False)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q3, k3, v3, o3 = (_as_3d(t) for t in (q, k, v, out))
+    batch, s0, s1, s2, heads, head_dim = q3.shape
+    if config is None:
+        config = config_for(q.shape, kernel_size, dilation, is_causal, stride)
+    tq = config.q_tile
+    glen0 = [-(-L // d) for L, d in zip((s0, s1, s2), dil, strict=True)]
+    n_tiles = math.prod(-(-n // t) for n, t in zip(glen0, tq, strict=True))
+    grid = (n_tiles, batch * heads, math.prod(dil))
+
+    def strides(t: torch.Tensor) -> tuple[int, ...]:
+        st = t.stride()
+        return (st[0], st[4], st[1], st[2], st[3])
+
+    tma = config.tma and tma_layout_ok(q3, k3, v3, o3)
+    launch = functools.partial(
+        _na_fwd_kernel[grid],
+        q3, k3, v3, o3,
+        *strides(q3), *strides(k3), *strides(v3), *strides(o3),
+        s0, s1, s2,
+        *ks,
+        *dil,
+        heads,
+        float(scale) * _LOG2E,
+        *causal,
+        *st,
+        *tq,
+        *config.kv_tile,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=triton.next_power_of_2(head_dim),
+        SKIP_INNER_MASK=False,
+        TMA=tma,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
+        # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
+        enable_fp_fusion=True,
+    )
+    if tma and q.is_cuda:
+        # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
+        # copy of this context, so the caller's allocator (or its absence) is left as it was.
+        contextvars.copy_context().run(_launch_with_scratch, launch)
+    else:
+        launch()
+    return out
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    # The caching allocator's blocks are 512-byte aligned (TMA descriptors need 64 bytes).
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _launch_with_scratch(launch: Callable[[], object]) -> None:
+    triton.set_allocator(_scratch)
+    launch()
+
+
+def tma_layout_ok(*tensors: torch.Tensor) -> bool:
+    """TMA's global-memory rules, per call: 16-byte aligned base addresses and every stride but the
+    last (which is 1) a multiple of 16 bytes. Other layouts take the pointer loads."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:-1]):
+            return False
+    return True
