@@ -116,6 +116,7 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--no-tma", action="store_true")
+    ap.add_argument("--shift", action="store_true", help="NAConfig.shift (the loop this counts is the first found)")
     ap.add_argument("--dump", default=None, help="write the whole SASS here")
     a = ap.parse_args()
     spatial, heads, dim, kernel = CASES[a.case]
@@ -126,13 +127,14 @@ def main() -> None:
         return tuple(int(x) for x in text.split(","))
 
     cfg = K.NAConfig(tup(a.q_tile) if a.q_tile else cfg.q_tile, tup(a.kv_tile) if a.kv_tile else cfg.kv_tile,
-                     a.warps or cfg.num_warps, a.stages or cfg.num_stages, tma=cfg.tma and not a.no_tma)
+                     a.warps or cfg.num_warps, a.stages or cfg.num_stages, tma=cfg.tma and not a.no_tma,
+                     shift=a.shift)
     sass = sass_of(a.case, cfg)
     if a.dump:
         Path(a.dump).write_text(sass)
     body = hottest_loop(sass)
     classes, ops = classify(body)
-    print(f"{a.case}: q{cfg.q_tile} kv{cfg.kv_tile} warps {cfg.num_warps} stages {cfg.num_stages} tma {cfg.tma}")
+    print(f"{a.case}: q{cfg.q_tile} kv{cfg.kv_tile} warps {cfg.num_warps} stages {cfg.num_stages} tma {cfg.tma} shift {cfg.shift}")
     print(f"hottest loop: {len(body)} instructions per trip")
     print("  " + "  ".join(f"{k} {v}" for k, v in classes.most_common()))
     print("  " + "  ".join(f"{k} {v}" for k, v in ops.most_common(24)))

@@ -41,7 +41,8 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
     spatial = lead + case.spatial
     out = [("shipped", base),
            ("stages 2", dataclasses.replace(base, num_stages=2)), ("stages 4", dataclasses.replace(base, num_stages=4)),
-           ("tma flipped", dataclasses.replace(base, tma=not base.tma))]
+           ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
+           ("shift flipped", dataclasses.replace(base, shift=not base.shift))]
     wide = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, block_n=128)
     out.append(("kv 128", dataclasses.replace(wide, tma=base.tma)))
     out.append(("kv 128 stages 2", dataclasses.replace(wide, tma=base.tma, num_stages=2)))
@@ -109,6 +110,7 @@ def main() -> None:
                 continue
             computed = K.visited_pairs(case.spatial, case.kernel, (1,) * n, (False,) * n, (1,) * n, cfg)
             print(f"  {label:<18} q{cfg.q_tile} kv{cfg.kv_tile} w{cfg.num_warps} s{cfg.num_stages} tma {int(cfg.tma)}"
+                  f" shift {int(cfg.shift)}"
                   f": {ms:8.3f} ms  useful {flops * pairs / ms / 1e9:5.0f}  computed "
                   f"{flops * computed / ms / 1e9:5.0f} TFLOP/s  useful/computed {pairs / computed:.3f}  error {err:.4f}  "
                   f"{compiled((prev if label == 'divides variant' else K)._na_fwd_kernel)}",

@@ -30,6 +30,7 @@ for s in "$@"; do
     sweep3) step na_sweep_3 200 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,tma flipped" ;;
     sweep4) step na_sweep_4 200 python3 lab/gpu/na_sweep.py --cases 2d,small3d --only "shipped,tma flipped" ;;
     sweephd) step na_sweep_hd 200 python3 lab/gpu/na_sweep.py --cases hd32,hd64,hd128,stage5 --only "shipped,tma flipped" ;;
+    sweepshift) step na_sweep_shift 200 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,2d,hd64 --only "shipped,shift flipped" ;;
     nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;

@@ -670,11 +670,66 @@ def test_tma_tiles_where_they_measured_faster_and_the_layout_allows():
     assert cfg((1, 40, 96, 96, 4, 64), (11, 11, 11)).tma  # head_dim 64: 4-8% faster on 3-D tiles
     assert not cfg((1, 20, 48, 48, 16, 32), (11, 11, 11)).tma  # head_dim 32: no faster
     assert not cfg((2, 128, 128, 16, 128), (13, 13)).tma  # 2-D: slower
+    # The score-bound shift goes with the TMA tiles (measured faster on the same 3-D cases, slower on 2-D).
+    assert cfg((1, 30, 48, 80, 24, 128), (18, 24, 24)).shift and not cfg((2, 128, 128, 16, 128), (13, 13)).shift
     assert not tma_pays((1, 48, 80), 128)
     x = torch.zeros(2, 4, 4, 4, 2, 80, dtype=torch.float16)
     assert na_triton.tma_layout_ok(x, x)
     assert not na_triton.tma_layout_ok(torch.zeros(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape))  # 2 B off
     assert not na_triton.tma_layout_ok(torch.zeros(2, 4, 4, 4, 2, 84, dtype=x.dtype)[..., :80])  # 168-byte rows
+
+
+def triton_interpreter_shift_errors() -> list[tuple[str, float, float]]:
+    """(case, shift error, online error) against the reference: fp32 (the interpreter's bf16 dot is
+    broken; fp16 never takes the shift), a tight bound (the shift launch computes every tile) and a
+    loose one (q x 60: every tile flagged, the online launch)."""
+    import dataclasses
+
+    from xbackend.kernels import na_triton
+
+    rows = []
+    for spatial, kernel, dil, causal, tma in [((6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, False),
+                                              ((6, 9, 10), (3, 5, 4), (1, 1, 2), (True, False, False), True)]:
+        for q_scale in (1.0, 60.0):
+            q, k, v = make_qkv(spatial, 2, 64, torch.float32, seed=21)
+            q = q * q_scale
+            ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal, None)
+            cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, dil, causal), tma=tma, num_stages=1)
+            got = [na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None,
+                                                    config=dataclasses.replace(cfg, shift=on)) for on in (True, False)]
+            rows.append((f"{spatial} dil {dil} causal {causal} q x {q_scale}", rel_err(got[0], ref), rel_err(got[1], ref)))
+    return rows
+
+
+def test_triton_interpreter_shift_and_redo_launches():
+    for case, shift_err, online_err in _interpreted("triton_interpreter_shift_errors"):
+        assert shift_err < 1e-5 and online_err < 1e-5, (case, shift_err, online_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_triton_gpu_shift_and_redo_launches(head_dim: int):
+    """The shift walk (tight bound) and the online walk it hands loose tiles to (q x 60), TMA and
+    pointer tiles, against the fp32 reference; fp16 never takes the shift."""
+    import dataclasses
+
+    from xbackend.kernels import na_triton
+
+    for spatial, kernel, dil, causal in [((13, 12, 17), (5, 7, 9), (1, 1, 1), (False,) * 3),
+                                         ((21, 30, 22), (5, 7, 3), (2, 3, 1), (True, False, False))]:
+        for q_scale in (1.0, 60.0):
+            q, k, v = make_qkv(spatial, 3, head_dim, torch.float32, seed=22, device="cuda", batch=2)
+            q, k, v = (q * q_scale).bfloat16(), k.bfloat16(), v.bfloat16()
+            ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal, None)
+            base = na_triton.config_for(q.shape, kernel, dil, causal)
+            for tma in (True, False):
+                cfg = dataclasses.replace(base, tma=tma, shift=True)
+                got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=cfg)
+                assert rel_err(got, ref) < 5e-3, (spatial, q_scale, tma)
+            half = [t.half() for t in (q, k, v)] if q_scale == 1.0 else None
+            if half:
+                got = na_triton.neighborhood_attention(*half, kernel, dil, causal, None, config=base)
+                assert rel_err(got, ref) < 5e-3, (spatial, "fp16")
 
 
 @pytest.mark.gpu

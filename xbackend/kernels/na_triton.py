@@ -17,6 +17,14 @@ fp32; bf16/fp16 operands on the tensor cores.
   scale into the exponent's FMA: 429 SASS instructions a trip at the video case against 554 with
   per-trip divides and a separate scale multiply (lab/gpu/na_sass.py, sm90, Triton 3.9), 8-14% less
   time on the H200 (lab/gpu/na_sweep.py).
+* Shift (``NAConfig.shift``, set by ``config_for`` with the TMA tiles; bf16 only, since fp16's range
+  would flush the small terms): a row's scores are bounded by ``|q| * max|k| * |scale|``
+  (Cauchy-Schwarz, ``max|k|`` per batch and head from one fp32 reduction over k). Where a tile's
+  bound is at most ``SHIFT_MAX`` the exponent is shifted by it, so the KV loop keeps no row max and
+  never rescales the accumulator (372 SASS instructions a trip at the video case against 438;
+  4-9% less time on the H200's 3-D cases, more time on 2-D ones). A tile with a looser bound (large
+  activations) walks nothing in that launch and sets its flag; a second launch runs the online walk
+  for exactly the flagged tiles, the others exiting at once.
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
   program works on one group: stride times ``d``, base offset ``g``, group length
   ``ceil((L - g) / d)``.
@@ -65,6 +73,10 @@ _LOG2E = 1.4426950408889634
 # Head dims supports() accepts. 80 and 96 run padded to the next power of two (128), so they cost
 # what 128 costs in shared memory and tensor-core work.
 HEAD_DIMS = (32, 64, 80, 96, 128)
+
+# The largest score bound (log2 units) the shift path takes: the best key's term is then at least
+# 2**-(2 * SHIFT_MAX), far above fp32's smallest normal (2**-126), so no row's sum underflows.
+SHIFT_MAX = 48.0
 
 
 @triton.jit
@@ -144,8 +156,65 @@ def _load_block(desc, base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, s0, s1, s2, o
 
 
 @triton.jit
+def _scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+            TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+            CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+            HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """q.k of the KV block at (c0, c1, c2), -inf outside each query's window, and the block's V."""
+    # K and V of a block are loaded together, ahead of the first dot (measured on the H200 with
+    # Triton 3.6: V's TMA load placed after the q.k dot gave wrong results for square
+    # BLOCK_N x HEAD_PAD blocks, 64 x 64 and 128 x 128; lab/gpu/na_tma_shapes.py).
+    kb = _load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
+                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+    vb = _load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
+                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+    qk = tl.dot(q, tl.trans(kb))
+    ok = _axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
+    ok = ok & _axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
+    ok = ok & _axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
+    return tl.where(ok, qk, float("-inf")), vb
+
+
+@triton.jit
+def _kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
+             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+             HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+             FIXED: tl.constexpr):
+    """The walk over the tile's KV blocks. Online softmax (running row max, accumulator rescaled when
+    it grows), or with ``FIXED`` a per-row shift ``m_i`` known to bound every score of the row: no row
+    max, no rescale (``shift_bound``)."""
+    c0 = lo0
+    c1 = lo1
+    c2 = lo2
+    for _ in range(0, n_blocks):
+        qk, vb = _scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
+                         ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                         TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+        if FIXED:
+            p = tl.math.exp2(qk * qk_scale - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + tl.dot(p.to(vb.dtype), vb)
+        else:
+            # The softmax scale rides in the exponent's FMA (q.k * scale - max), as in the row max.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+            m_i = m_new
+        c0, c1, c2 = _next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    return acc, l_i
+
+
+@triton.jit
 def _na_fwd_kernel(
     Q, K, V, Out,
+    KNORM,  # [B * heads] fp32: the largest key norm of each (batch, head); read when SHIFT
+    FLAGS,  # [programs] int32: set by a SHIFT launch for the programs it left to the REDO launch
     sqb, sqh, sq0, sq1, sq2,
     skb, skh, sk0, sk1, sk2,
     svb, svh, sv0, sv1, sv2,
@@ -162,12 +231,19 @@ def _na_fwd_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     TMA: tl.constexpr,  # tiles by TMA over the program's dilation sub-grid (descriptors made in-kernel)
+    SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
+    REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
+    SHIFT_MAX: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
     BLOCK_N: tl.constexpr = TK0 * TK1 * TK2
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_g = tl.program_id(2)
+    flat_pid = pid_t + tl.num_programs(0) * (pid_bh + tl.num_programs(1) * pid_g)
+    if REDO:
+        if tl.load(FLAGS + flat_pid) == 0:
+            return
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     g2 = pid_g % DIL2
@@ -264,33 +340,29 @@ def _na_fwd_kernel(
     vs1 = DIL1 * sv1
     vs2 = DIL2 * sv2
 
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
-    c0 = lo0
-    c1 = lo1
-    c2 = lo2
-    for _ in range(0, n_blocks):
-        # K and V of a block are loaded together, ahead of the first dot (measured on the H200 with
-        # Triton 3.6: V's TMA load placed after the q.k dot gave wrong results for square
-        # BLOCK_N x HEAD_PAD blocks, 64 x 64 and 128 x 128; lab/gpu/na_tma_shapes.py).
-        kb = _load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
-                         HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
-        vb = _load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
-                         HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
-        qk = tl.dot(q, tl.trans(kb))
-        ok = _axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
-        ok = ok & _axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
-        ok = ok & _axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
-        qk = tl.where(ok, qk, float("-inf"))
-        # The softmax scale rides in the exponent's FMA (q.k * scale - max), as in the row max.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
-        m_i = m_new
-        c0, c1, c2 = _next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    if SHIFT:
+        # |q| * max|k| * |scale| bounds every score of a row (Cauchy-Schwarz). Where the tile's bound is
+        # at most SHIFT_MAX (log2 units), the best key's term is at least 2**-(2 * SHIFT_MAX) = 2**-96,
+        # 30 binades above fp32's smallest normal, and the walk shifts by the bound instead of tracking
+        # the row max. A tile with a looser bound walks nothing here and is flagged for the REDO launch.
+        qf = q.to(tl.float32)
+        shift = tl.sqrt(tl.sum(qf * qf, 1)) * tl.load(KNORM + pid_bh) * tl.abs(qk_scale)
+        fixed = tl.max(shift, 0) <= SHIFT_MAX
+        tl.store(FLAGS + flat_pid, 1, mask=live & (fixed == 0))
+        live = live & fixed
+        row_ok = row_ok & (m0 < tl.where(fixed, N0, 0))
+        acc, l_i = _kv_loop(q, acc, l_i, shift, tl.where(fixed, n_blocks, 0), qk_scale, lo0, lo1, lo2, end1, end2,
+                            k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+                            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
+                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, True)
+    else:
+        acc, l_i = _kv_loop(q, acc, l_i, tl.full([BLOCK_M], -1.0e30, dtype=tl.float32), n_blocks, qk_scale,
+                            lo0, lo1, lo2, end1, end2,
+                            k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+                            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
+                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, False)
 
     acc = acc / l_i[:, None]
     if TMA:
@@ -386,9 +458,18 @@ def neighborhood_attention(
         return (st[0], st[4], st[1], st[2], st[3])
 
     tma = config.tma and tma_layout_ok(q3, k3, v3, o3)
+    # fp16 p would lose the small terms the shift leaves (fp16 normals end at 2**-14); bf16 has fp32's
+    # range (and fp32, which only the interpreter tests run, is fp32).
+    shift = config.shift and q.dtype != torch.float16
+    if shift:
+        # The shift launch's bound needs each (batch, head)'s largest key norm: one fp32 reduction over k.
+        knorm = torch.linalg.vector_norm(k3, dim=-1, dtype=torch.float32).amax(dim=(1, 2, 3)).reshape(-1)
+        flags = torch.zeros(math.prod(grid), dtype=torch.int32, device=q.device)
+    else:
+        knorm = flags = o3  # not read
     launch = functools.partial(
         _na_fwd_kernel[grid],
-        q3, k3, v3, o3,
+        q3, k3, v3, o3, knorm, flags,
         *strides(q3), *strides(k3), *strides(v3), *strides(o3),
         s0, s1, s2,
         *ks,
@@ -402,18 +483,24 @@ def neighborhood_attention(
         HEAD_DIM=head_dim,
         HEAD_PAD=triton.next_power_of_2(head_dim),
         TMA=tma,
+        SHIFT_MAX=SHIFT_MAX,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
         # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
         enable_fp_fusion=True,
     )
-    if tma and q.is_cuda:
-        # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
-        # copy of this context, so the caller's allocator (or its absence) is left as it was.
-        contextvars.copy_context().run(_launch_with_scratch, launch)
-    else:
-        launch()
+    # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
+    # once otherwise). Without: the online walk alone.
+    launches = ([functools.partial(launch, SHIFT=True, REDO=False), functools.partial(launch, SHIFT=False, REDO=True)]
+                if shift else [functools.partial(launch, SHIFT=False, REDO=False)])
+    for one in launches:
+        if tma and q.is_cuda:
+            # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
+            # copy of this context, so the caller's allocator (or its absence) is left as it was.
+            contextvars.copy_context().run(_launch_with_scratch, one)
+        else:
+            one()
     return out
 
 

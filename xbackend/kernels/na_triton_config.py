@@ -27,6 +27,10 @@ class NAConfig:
     # Move q/k/v/out tiles by TMA (in-kernel tensor descriptors over the program's dilation sub-grid)
     # instead of pointer gathers; ``config_for`` sets it where that measured faster (``tma_pays``).
     tma: bool = False
+    # Shift each row's exponent by its Cauchy-Schwarz score bound, where that bound is tight enough,
+    # instead of tracking the row max (no max, no accumulator rescale in the KV loop); ``config_for``
+    # sets it with ``tma``, where it measured faster (3-D windows at head_dim >= 64: 4-9% on the H200).
+    shift: bool = False
 
 
 # TMA tiles against pointer gathers on the H200 (lab/gpu/na_sweep.py, Triton 3.6): 4-8% less time on 3-D
@@ -152,11 +156,12 @@ def config_for(
     stride: tuple[int, ...] | None = None,
 ) -> NAConfig:
     """The config ``neighborhood_attention`` launches with for q of ``shape`` ``[B, *spatial, H, D]``
-    and the op's per-axis arguments (1 to 3 axes)."""
+    and the op's per-axis arguments (1 to 3 axes): TMA tiles and the score-bound shift where
+    ``tma_pays`` (both measured faster there, both slower on 2-D windows)."""
     spatial = pad3(tuple(shape[1:-2]), 1)
     cfg = choose_config(spatial, pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1), shape[-1],
                         stride=pad3(tuple(stride or ()), 1), is_causal=pad3(tuple(bool(c) for c in is_causal), False))
-    return dataclasses.replace(cfg, tma=True) if tma_pays(spatial, shape[-1]) else cfg
+    return dataclasses.replace(cfg, tma=True, shift=True) if tma_pays(spatial, shape[-1]) else cfg
 
 
 def pad3(t: tuple, fill) -> tuple:
