@@ -34,7 +34,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from xbackend.kernels import na_triton as K  # noqa: E402
-from xbackend.kernels.na_triton import _axis_ok, _win_end, _win_start  # noqa: E402
+from xbackend.kernels.na_triton_blocks import axis_ok as _axis_ok  # noqa: E402
+from xbackend.kernels.na_triton_blocks import win_end as _win_end  # noqa: E402
+from xbackend.kernels.na_triton_blocks import win_start as _win_start  # noqa: E402
 from xbackend.kernels.na_triton_config import pad3  # noqa: E402
 
 

@@ -63,6 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
+from xbackend.kernels.na_triton_blocks import kv_loop, win_end, win_start
 from xbackend.kernels.na_triton_config import NAConfig, choose_config, config_for, leader_span, pad3, visited_pairs
 
 __all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "config_for", "leader_span", "neighborhood_attention", "supports",
@@ -77,137 +78,6 @@ HEAD_DIMS = (32, 64, 80, 96, 128)
 # The largest score bound (log2 units) the shift path takes: the best key's term is then at least
 # 2**-(2 * SHIFT_MAX), far above fp32's smallest normal (2**-126), so no row's sum underflows.
 SHIFT_MAX = 48.0
-
-
-@triton.jit
-def _leader(m, n, S: tl.constexpr, CAUSAL: tl.constexpr):
-    """The query whose window query ``m`` shares: queries ``[S*j, S*j + S)`` share their group's middle
-    one (causal: its last one), clamped to the axis end. ``S == 1`` is ``m`` itself, folded at compile."""
-    if S == 1:
-        return m
-    else:
-        if CAUSAL:
-            return tl.minimum((m // S) * S + (S - 1), n - 1)
-        else:
-            return tl.minimum((m // S) * S + S // 2, n - 1)
-
-
-@triton.jit
-def _win_start(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
-    c = _leader(m, n, S, CAUSAL)
-    if CAUSAL:
-        return tl.maximum(c - ks + 1, 0)
-    else:
-        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks)
-
-
-@triton.jit
-def _win_end(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
-    if CAUSAL:
-        # Causal: the leader's window, cut at the query itself (never past its own position).
-        return m + 1
-    else:
-        c = _leader(m, n, S, CAUSAL)
-        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks) + ks
-
-
-@triton.jit
-def _axis_ok(c, kv, qs, qe, ks, KV_EXTENT: tl.constexpr, CAUSAL: tl.constexpr):
-    """Keys inside [qs, qe) per query row along one axis. c: the block's first coordinate (scalar),
-    kv: per-key coordinates [N]. Gives [M, 1] when the block is 1 wide on this axis (one compare
-    per row instead of per element), else [M, N]. Unsigned wrap folds both bounds into one compare.
-    """
-    if KV_EXTENT == 1:
-        d = (c - qs)[:, None]
-    else:
-        d = kv[None, :] - qs[:, None]
-    if CAUSAL:
-        w = (qe - qs)[:, None]
-    else:
-        w = ks
-    return d.to(tl.uint32, bitcast=True) < w.to(tl.uint32, bitcast=True)
-
-
-@triton.jit
-def _next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr):
-    """The KV block after the one at (c0, c1, c2) in the box walk (axis 2 fastest): carried counters
-    instead of dividing the trip count (three runtime integer divides cost about 50 instructions a
-    trip in SASS, a tenth of the loop)."""
-    wrap2 = c2 + TK2 >= end2
-    s1 = tl.where(wrap2, c1 + TK1, c1)
-    wrap1 = s1 >= end1
-    return tl.where(wrap1, c0 + TK0, c0), tl.where(wrap1, lo1, s1), tl.where(wrap2, lo2, c2 + TK2)
-
-
-@triton.jit
-def _load_block(desc, base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, s0, s1, s2, offs_d,
-                HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-    """The [BLOCK_N, HEAD_PAD] K or V block whose first key is (c0, c1, c2)."""
-    if TMA:
-        return tl.reshape(desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
-    else:
-        # Overhang keys are clamped into the box for the load; the window test rejects them.
-        row = (tl.minimum(c0 + n0, hi0 - 1) * s0 + tl.minimum(c1 + n1, hi1 - 1) * s1
-               + tl.minimum(c2 + n2, hi2 - 1) * s2)
-        if HEAD_PAD != HEAD_DIM:
-            return tl.load(base + row[:, None] + offs_d[None, :], mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
-        else:
-            return tl.load(base + row[:, None] + offs_d[None, :])
-
-
-@triton.jit
-def _scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
-            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-            TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
-            CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
-            HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-    """q.k of the KV block at (c0, c1, c2), -inf outside each query's window, and the block's V."""
-    # K and V of a block are loaded together, ahead of the first dot (measured on the H200 with
-    # Triton 3.6: V's TMA load placed after the q.k dot gave wrong results for square
-    # BLOCK_N x HEAD_PAD blocks, 64 x 64 and 128 x 128; lab/gpu/na_tma_shapes.py).
-    kb = _load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
-                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
-    vb = _load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
-                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
-    qk = tl.dot(q, tl.trans(kb))
-    ok = _axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
-    ok = ok & _axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
-    ok = ok & _axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
-    return tl.where(ok, qk, float("-inf")), vb
-
-
-@triton.jit
-def _kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
-             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
-             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
-             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
-             HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-             FIXED: tl.constexpr):
-    """The walk over the tile's KV blocks. Online softmax (running row max, accumulator rescaled when
-    it grows), or with ``FIXED`` a per-row shift ``m_i`` known to bound every score of the row: no row
-    max, no rescale (``shift_bound``)."""
-    c0 = lo0
-    c1 = lo1
-    c2 = lo2
-    for _ in range(0, n_blocks):
-        qk, vb = _scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
-                         ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-                         TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
-        if FIXED:
-            p = tl.math.exp2(qk * qk_scale - m_i[:, None])
-            l_i = l_i + tl.sum(p, 1)
-            acc = acc + tl.dot(p.to(vb.dtype), vb)
-        else:
-            # The softmax scale rides in the exponent's FMA (q.k * scale - max), as in the row max.
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
-            m_i = m_new
-        c0, c1, c2 = _next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
-    return acc, l_i
 
 
 @triton.jit
@@ -268,12 +138,12 @@ def _na_fwd_kernel(
     z1 = tl.minimum(a1 + TQ1, N1) - 1
     z2 = tl.minimum(a2 + TQ2, N2) - 1
     # Key box = union of the tile's windows.
-    lo0 = _win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
-    lo1 = _win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
-    lo2 = _win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
-    hi0 = _win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
-    hi1 = _win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
-    hi2 = _win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
+    lo0 = win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
+    lo1 = win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
+    lo2 = win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
+    hi0 = win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
+    hi1 = win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
+    hi2 = win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
 
     offs_m = tl.arange(0, BLOCK_M)
     m0 = a0 + offs_m // (TQ1 * TQ2)
@@ -284,12 +154,12 @@ def _na_fwd_kernel(
     m0 = tl.minimum(m0, N0 - 1)
     m1 = tl.minimum(m1, N1 - 1)
     m2 = tl.minimum(m2, N2 - 1)
-    qs0 = _win_start(m0, N0, KS0, STRIDE0, CAUSAL0)
-    qs1 = _win_start(m1, N1, KS1, STRIDE1, CAUSAL1)
-    qs2 = _win_start(m2, N2, KS2, STRIDE2, CAUSAL2)
-    qe0 = _win_end(m0, N0, KS0, STRIDE0, CAUSAL0)
-    qe1 = _win_end(m1, N1, KS1, STRIDE1, CAUSAL1)
-    qe2 = _win_end(m2, N2, KS2, STRIDE2, CAUSAL2)
+    qs0 = win_start(m0, N0, KS0, STRIDE0, CAUSAL0)
+    qs1 = win_start(m1, N1, KS1, STRIDE1, CAUSAL1)
+    qs2 = win_start(m2, N2, KS2, STRIDE2, CAUSAL2)
+    qe0 = win_end(m0, N0, KS0, STRIDE0, CAUSAL0)
+    qe1 = win_end(m1, N1, KS1, STRIDE1, CAUSAL1)
+    qe2 = win_end(m2, N2, KS2, STRIDE2, CAUSAL2)
 
     # HEAD_PAD: HEAD_DIM rounded up to a power of two (block shapes must be). Where they differ, loads
     # fill the pad columns with zeros (they add nothing to q.k; p.v's pad columns are not stored).
@@ -316,7 +186,7 @@ def _na_fwd_kernel(
                                            block_shape=[TK0, TK1, TK2, HEAD_PAD])
         q = tl.reshape(q_desc.load([a0, a1, a2, 0]), [BLOCK_M, HEAD_PAD])
     else:
-        k_desc = k_base  # unused: _load_block reads through pointers
+        k_desc = k_base  # unused: load_block reads through pointers
         v_desc = v_base
         q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
         if HEAD_PAD != HEAD_DIM:
@@ -353,12 +223,12 @@ def _na_fwd_kernel(
         tl.store(FLAGS + flat_pid, 1, mask=live & (fixed == 0))
         live = live & fixed
         row_ok = row_ok & (m0 < tl.where(fixed, N0, 0))
-        acc, l_i = _kv_loop(q, acc, l_i, shift, tl.where(fixed, n_blocks, 0), qk_scale, lo0, lo1, lo2, end1, end2,
+        acc, l_i = kv_loop(q, acc, l_i, shift, tl.where(fixed, n_blocks, 0), qk_scale, lo0, lo1, lo2, end1, end2,
                             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
                             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
                             CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, True)
     else:
-        acc, l_i = _kv_loop(q, acc, l_i, tl.full([BLOCK_M], -1.0e30, dtype=tl.float32), n_blocks, qk_scale,
+        acc, l_i = kv_loop(q, acc, l_i, tl.full([BLOCK_M], -1.0e30, dtype=tl.float32), n_blocks, qk_scale,
                             lo0, lo1, lo2, end1, end2,
                             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
                             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,

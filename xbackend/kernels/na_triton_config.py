@@ -2,7 +2,7 @@
 work model behind it (``visited_pairs``: the query-key pairs the kernel computes under a config).
 
 Pure Python, no Triton import. The window rule here (``_window``) is the kernel's
-``_win_start``/``_win_end`` (``na_triton.py``) in Python.
+``win_start``/``win_end`` (``na_triton_blocks.py``) in Python.
 """
 
 from __future__ import annotations

@@ -1,0 +1,143 @@
+"""The KV-block walk of na_triton's kernel, as Triton device functions: the per-axis window rule, the
+window test, the division-free walk over a tile's key box, block loads (TMA or pointers) and the two
+softmax walks (online; shifted by a score bound). ``na_triton_config._window`` is ``win_start`` /
+``win_end`` in Python.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["axis_ok", "kv_loop", "leader", "load_block", "next_block", "scores", "win_end", "win_start"]
+
+
+@triton.jit
+def leader(m, n, S: tl.constexpr, CAUSAL: tl.constexpr):
+    """The query whose window query ``m`` shares: queries ``[S*j, S*j + S)`` share their group's middle
+    one (causal: its last one), clamped to the axis end. ``S == 1`` is ``m`` itself, folded at compile."""
+    if S == 1:
+        return m
+    else:
+        if CAUSAL:
+            return tl.minimum((m // S) * S + (S - 1), n - 1)
+        else:
+            return tl.minimum((m // S) * S + S // 2, n - 1)
+
+
+@triton.jit
+def win_start(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
+    c = leader(m, n, S, CAUSAL)
+    if CAUSAL:
+        return tl.maximum(c - ks + 1, 0)
+    else:
+        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks)
+
+
+@triton.jit
+def win_end(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
+    if CAUSAL:
+        # Causal: the leader's window, cut at the query itself (never past its own position).
+        return m + 1
+    else:
+        c = leader(m, n, S, CAUSAL)
+        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks) + ks
+
+
+@triton.jit
+def axis_ok(c, kv, qs, qe, ks, KV_EXTENT: tl.constexpr, CAUSAL: tl.constexpr):
+    """Keys inside [qs, qe) per query row along one axis. c: the block's first coordinate (scalar),
+    kv: per-key coordinates [N]. Gives [M, 1] when the block is 1 wide on this axis (one compare
+    per row instead of per element), else [M, N]. Unsigned wrap folds both bounds into one compare.
+    """
+    if KV_EXTENT == 1:
+        d = (c - qs)[:, None]
+    else:
+        d = kv[None, :] - qs[:, None]
+    if CAUSAL:
+        w = (qe - qs)[:, None]
+    else:
+        w = ks
+    return d.to(tl.uint32, bitcast=True) < w.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr):
+    """The KV block after the one at (c0, c1, c2) in the box walk (axis 2 fastest): carried counters
+    instead of dividing the trip count (three runtime integer divides cost about 50 instructions a
+    trip in SASS, a tenth of the loop)."""
+    wrap2 = c2 + TK2 >= end2
+    s1 = tl.where(wrap2, c1 + TK1, c1)
+    wrap1 = s1 >= end1
+    return tl.where(wrap1, c0 + TK0, c0), tl.where(wrap1, lo1, s1), tl.where(wrap2, lo2, c2 + TK2)
+
+
+@triton.jit
+def load_block(desc, base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, s0, s1, s2, offs_d,
+                HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """The [BLOCK_N, HEAD_PAD] K or V block whose first key is (c0, c1, c2)."""
+    if TMA:
+        return tl.reshape(desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
+    else:
+        # Overhang keys are clamped into the box for the load; the window test rejects them.
+        row = (tl.minimum(c0 + n0, hi0 - 1) * s0 + tl.minimum(c1 + n1, hi1 - 1) * s1
+               + tl.minimum(c2 + n2, hi2 - 1) * s2)
+        if HEAD_PAD != HEAD_DIM:
+            return tl.load(base + row[:, None] + offs_d[None, :], mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+        else:
+            return tl.load(base + row[:, None] + offs_d[None, :])
+
+
+@triton.jit
+def scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+            TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+            CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+            HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """q.k of the KV block at (c0, c1, c2), -inf outside each query's window, and the block's V."""
+    # K and V of a block are loaded together, ahead of the first dot (measured on the H200 with
+    # Triton 3.6: V's TMA load placed after the q.k dot gave wrong results for square
+    # BLOCK_N x HEAD_PAD blocks, 64 x 64 and 128 x 128; lab/gpu/na_tma_shapes.py).
+    kb = load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
+                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+    vb = load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
+                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+    qk = tl.dot(q, tl.trans(kb))
+    ok = axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
+    ok = ok & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
+    ok = ok & axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
+    return tl.where(ok, qk, float("-inf")), vb
+
+
+@triton.jit
+def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
+             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+             HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+             FIXED: tl.constexpr):
+    """The walk over the tile's KV blocks. Online softmax (running row max, accumulator rescaled when
+    it grows), or with ``FIXED`` a per-row shift ``m_i`` known to bound every score of the row: no row
+    max, no rescale (``shift_bound``)."""
+    c0 = lo0
+    c1 = lo1
+    c2 = lo2
+    for _ in range(0, n_blocks):
+        qk, vb = scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
+                         ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                         TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+        if FIXED:
+            p = tl.math.exp2(qk * qk_scale - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + tl.dot(p.to(vb.dtype), vb)
+        else:
+            # The softmax scale rides in the exponent's FMA (q.k * scale - max), as in the row max.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+            m_i = m_new
+        c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    return acc, l_i
