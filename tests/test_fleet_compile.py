@@ -68,8 +68,12 @@ def test_every_op_compiles_with_resources(rows, target, prefix, op):
 
 
 def test_neighborhood_attention_fused_kernel_on_sm90(rows):
-    (r,) = _ok(rows["h200"], "neighborhood_attention", "cuda:na_triton")
-    assert r["kernel"] == "_na_fwd_kernel" and r["registers"] > 0 and r["shared_bytes"] > 0
+    # The catalogue's 3-D head_dim-64 tile takes the score-bound shift: the shift launch and the
+    # online launch for the tiles it flags, two specialisations of one kernel.
+    found = _ok(rows["h200"], "neighborhood_attention", "cuda:na_triton")
+    assert len(found) == 2, found
+    for r in found:
+        assert r["kernel"] == "_na_fwd_kernel" and r["registers"] > 0 and r["shared_bytes"] > 0
 
 
 def test_strided_neighborhood_attention_compiles_on_sm90():
@@ -80,9 +84,10 @@ def test_strided_neighborhood_attention_compiles_on_sm90():
     (index,) = [i for i, s in enumerate(catalogue("neighborhood_attention")) if " s2x4x8" in s.label]
     rows = fc.compile_target("h200", simulated("h200"), [_plan("neighborhood_attention", "cuda:na_triton")],
                              shapes=[index])
-    (row,) = rows
-    assert row["status"] == "ok" and row["kernel"] == "_na_fwd_kernel" and row["problem"] == "", row
-    assert row["spill_bytes"] == 0 and row["registers"] > 0 and "s2x4x8" in row["shape"]
+    assert len(rows) == 2, rows  # the shift launch and its online launch
+    for row in rows:
+        assert row["status"] == "ok" and row["kernel"] == "_na_fwd_kernel" and row["problem"] == "", row
+        assert row["spill_bytes"] == 0 and row["registers"] > 0 and "s2x4x8" in row["shape"]
 
 
 def test_vendor_configs_come_from_each_vendors_launch_code(rows):

@@ -680,29 +680,47 @@ def test_tma_tiles_where_they_measured_faster_and_the_layout_allows():
 
 
 def triton_interpreter_shift_errors() -> list[tuple[str, float, float]]:
-    """(case, shift error, online error) against the reference: fp32 (the interpreter's bf16 dot is
-    broken; fp16 never takes the shift), a tight bound (the shift launch computes every tile) and a
-    loose one (q x 60: every tile flagged, the online launch)."""
+    """(case, shift error, online error) against the reference, fp32 (the interpreter's bf16 dot is
+    broken): a tight bound (the shift launch computes every tile), a loose one (q x 60: every tile
+    flagged, the online launch), both in one call (a loose slab of queries, and a second head whose
+    keys are 40x larger: its tiles alone go online, so a wrong per-head key norm shows), shorter
+    dilation groups (programs with nothing to do), and scales 0 and < 0."""
     import dataclasses
 
     from xbackend.kernels import na_triton
 
     rows = []
-    for spatial, kernel, dil, causal, tma in [((6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, False),
-                                              ((6, 9, 10), (3, 5, 4), (1, 1, 2), (True, False, False), True)]:
-        for q_scale in (1.0, 60.0):
+    cases = [((6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, False, None),
+             ((6, 9, 10), (3, 5, 4), (1, 1, 2), (True, False, False), True, None),
+             ((6, 9, 17), (3, 5, 4), (1, 1, 2), (False,) * 3, True, ((2, 4, 8), (2, 4, 8)))]
+    for spatial, kernel, dil, causal, tma, tiles in cases:
+        for q_scale, mixed, scale in ((1.0, False, None), (60.0, False, None), (1.0, True, None),
+                                      (1.0, False, 0.0), (1.0, False, -0.1)):
             q, k, v = make_qkv(spatial, 2, 64, torch.float32, seed=21)
             q = q * q_scale
-            ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal, None)
-            cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, dil, causal), tma=tma, num_stages=1)
-            got = [na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None,
+            if mixed:
+                q[:, :2] *= 60.0  # the first two frames' tiles get loose bounds
+                k[..., 1, :] *= 40.0  # head 1's keys: every tile of that head goes online
+            ref = reference(q.double(), k.double(), v.double(), kernel, dil, causal, scale)
+            cfg = (na_triton.NAConfig(tiles[0], tiles[1], 4, 1, tma=tma) if tiles else
+                   dataclasses.replace(na_triton.config_for(q.shape, kernel, dil, causal), tma=tma, num_stages=1))
+            got = [na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale,
                                                     config=dataclasses.replace(cfg, shift=on)) for on in (True, False)]
-            rows.append((f"{spatial} dil {dil} causal {causal} q x {q_scale}", rel_err(got[0], ref), rel_err(got[1], ref)))
+            rows.append((f"{spatial} dil {dil} causal {causal} q x {q_scale} mixed {mixed} scale {scale}",
+                         rel_err(got[0], ref), rel_err(got[1], ref)))
+    # fp16 never takes the shift: a shift config gives the online walk's result bit for bit.
+    q, k, v = make_qkv((6, 9, 10), 2, 64, torch.float16, seed=23)
+    cfg = na_triton.config_for(q.shape, (3, 5, 4), (1,) * 3, (False,) * 3)
+    outs = [na_triton.neighborhood_attention(q, k, v, (3, 5, 4), (1,) * 3, (False,) * 3, None,
+                                             config=dataclasses.replace(cfg, shift=on)) for on in (True, False)]
+    rows.append(("fp16, shift config == online", 0.0 if torch.equal(outs[0], outs[1]) else 1.0, 0.0))
     return rows
 
 
 def test_triton_interpreter_shift_and_redo_launches():
-    for case, shift_err, online_err in _interpreted("triton_interpreter_shift_errors"):
+    rows = _interpreted("triton_interpreter_shift_errors")
+    assert len(rows) == 16
+    for case, shift_err, online_err in rows:
         assert shift_err < 1e-5 and online_err < 1e-5, (case, shift_err, online_err)
 
 

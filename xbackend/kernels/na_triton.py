@@ -17,12 +17,12 @@ fp32; bf16/fp16 operands on the tensor cores.
   scale into the exponent's FMA: 429 SASS instructions a trip at the video case against 554 with
   per-trip divides and a separate scale multiply (lab/gpu/na_sass.py, sm90, Triton 3.9), 8-14% less
   time on the H200 (lab/gpu/na_sweep.py).
-* Shift (``NAConfig.shift``, set by ``config_for`` with the TMA tiles; bf16 only, since fp16's range
+* Shift (``NAConfig.shift``, set by ``config_for`` with the TMA tiles; never for fp16, whose range
   would flush the small terms): a row's scores are bounded by ``|q| * max|k| * |scale|``
   (Cauchy-Schwarz, ``max|k|`` per batch and head from one fp32 reduction over k). Where a tile's
   bound is at most ``SHIFT_MAX`` the exponent is shifted by it, so the KV loop keeps no row max and
   never rescales the accumulator (372 SASS instructions a trip at the video case against 438;
-  4-9% less time on the H200's 3-D cases, more time on 2-D ones). A tile with a looser bound (large
+  2-9% less time on the H200's 3-D cases, more time on 2-D ones). A tile with a looser bound (large
   activations) walks nothing in that launch and sets its flag; a second launch runs the online walk
   for exactly the flagged tiles, the others exiting at once.
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
@@ -104,6 +104,7 @@ def _na_fwd_kernel(
     SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
     REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
     SHIFT_MAX: tl.constexpr,
+    POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
 ):
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
     BLOCK_N: tl.constexpr = TK0 * TK1 * TK2
@@ -126,7 +127,7 @@ def _na_fwd_kernel(
     nt1 = tl.cdiv(N1, TQ1)
     nt2 = tl.cdiv(N2, TQ2)
     # The grid is sized for group 0 (the longest); shorter groups have fewer tiles, whose programs
-    # walk zero KV blocks and store nothing (no early return: it breaks Triton's loop passes).
+    # walk zero KV blocks and store nothing.
     live = pid_t < tl.cdiv(N0, TQ0) * nt1 * nt2
     t2 = pid_t % nt2
     t1 = (pid_t // nt2) % nt1
@@ -226,13 +227,13 @@ def _na_fwd_kernel(
         acc, l_i = kv_loop(q, acc, l_i, shift, tl.where(fixed, n_blocks, 0), qk_scale, lo0, lo1, lo2, end1, end2,
                             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
                             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, True)
+                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, True)
     else:
         acc, l_i = kv_loop(q, acc, l_i, tl.full([BLOCK_M], -1.0e30, dtype=tl.float32), n_blocks, qk_scale,
                             lo0, lo1, lo2, end1, end2,
                             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
                             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, False)
+                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, False)
 
     acc = acc / l_i[:, None]
     if TMA:
@@ -354,6 +355,7 @@ def neighborhood_attention(
         HEAD_PAD=triton.next_power_of_2(head_dim),
         TMA=tma,
         SHIFT_MAX=SHIFT_MAX,
+        POS_SCALE=float(scale) > 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which

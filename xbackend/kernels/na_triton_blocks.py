@@ -93,48 +93,60 @@ def scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, 
             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
-            HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-    """q.k of the KV block at (c0, c1, c2), -inf outside each query's window, and the block's V."""
+            qk_scale, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+            POS_SCALE: tl.constexpr):
+    """q.k of the KV block at (c0, c1, c2), -inf outside each query's window, and the block's V. With
+    ``POS_SCALE`` (scale > 0) the scores are left unscaled for the caller's exponent FMA to scale (a
+    masked -inf stays -inf); otherwise they are scaled before the mask (-inf * 0 would be NaN, and a
+    negative scale would turn it into +inf)."""
     # K and V of a block are loaded together, ahead of the first dot (measured on the H200 with
     # Triton 3.6: V's TMA load placed after the q.k dot gave wrong results for square
     # BLOCK_N x HEAD_PAD blocks, 64 x 64 and 128 x 128; lab/gpu/na_tma_shapes.py).
     kb = load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
-                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+                    HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
     vb = load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
-                     HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+                    HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
     qk = tl.dot(q, tl.trans(kb))
     ok = axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
     ok = ok & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
     ok = ok & axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
-    return tl.where(ok, qk, float("-inf")), vb
+    if POS_SCALE:
+        return tl.where(ok, qk, float("-inf")), vb
+    else:
+        return tl.where(ok, qk * qk_scale, float("-inf")), vb
 
 
 @triton.jit
 def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
-             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
-             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
-             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
-             HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-             FIXED: tl.constexpr):
+            k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+            TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+            CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+            HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+            POS_SCALE: tl.constexpr, FIXED: tl.constexpr):
     """The walk over the tile's KV blocks. Online softmax (running row max, accumulator rescaled when
     it grows), or with ``FIXED`` a per-row shift ``m_i`` known to bound every score of the row: no row
-    max, no rescale (``shift_bound``)."""
+    max, no rescale (the kernel's ``SHIFT`` launch). Scores and ``m_i`` are in log2 units (the scale
+    includes log2(e))."""
+    if POS_SCALE:
+        fold = qk_scale  # scores arrive unscaled: the scale rides in the exponent's FMA
+    else:
+        fold = 1.0  # scores arrive scaled (see ``scores``)
     c0 = lo0
     c1 = lo1
     c2 = lo2
     for _ in range(0, n_blocks):
         qk, vb = scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
-                         ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-                         TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+                        ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                        TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, qk_scale, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA,
+                        POS_SCALE)
         if FIXED:
-            p = tl.math.exp2(qk * qk_scale - m_i[:, None])
+            p = tl.math.exp2(qk * fold - m_i[:, None])
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(vb.dtype), vb)
         else:
-            # The softmax scale rides in the exponent's FMA (q.k * scale - max), as in the row max.
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * fold)
+            p = tl.math.exp2(qk * fold - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)

@@ -29,7 +29,7 @@ class NAConfig:
     tma: bool = False
     # Shift each row's exponent by its Cauchy-Schwarz score bound, where that bound is tight enough,
     # instead of tracking the row max (no max, no accumulator rescale in the KV loop); ``config_for``
-    # sets it with ``tma``, where it measured faster (3-D windows at head_dim >= 64: 4-9% on the H200).
+    # sets it with ``tma``, where it measured faster (3-D windows at head_dim >= 64: 2-9% on the H200).
     shift: bool = False
 
 
