@@ -129,6 +129,15 @@ def own_override(module: nn.Module, attr: str) -> Mark | None:
     return getattr(getattr(value, "__func__", None), _MARK, None)
 
 
+def report_own_override(module: nn.Module, attr: str, path: str, found: Findings) -> bool:
+    """Report the sites of xbackend's override of ``attr`` on this instance as already patched, and
+    say whether there was one (every patch function's first step: a second ``patch`` changes nothing)."""
+    existing = own_override(module, attr)
+    if existing is not None:
+        existing.report(path, found, new=False)
+    return existing is not None
+
+
 def foreign_override(module: nn.Module, attr: str) -> bool:
     """True when something other than xbackend replaced ``attr`` on this instance (accelerate's and
     diffusers' hooks wrap ``forward`` this way): patching over it would drop that wrapper."""
@@ -476,9 +485,7 @@ _NORM_FORWARDS = {"torch": _torch_rmsnorm_forward, "diffusers": _diffusers_rmsno
 
 
 def patch_rmsnorm(module: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
-    existing = own_override(module, "forward")
-    if existing is not None:
-        existing.report(path, found, new=False)
+    if report_own_override(module, "forward", path, found):
         return
     if "rmsnorm" not in options.kinds:
         return

@@ -31,7 +31,7 @@ from ._common import (
     install,
     mark,
     norm_modulate,
-    own_override,
+    report_own_override,
     rmsnorm_flavour,
     same_parameters,
 )
@@ -302,9 +302,7 @@ def _structure_problem(module: nn.Module, ours: Callable[..., Any]) -> str | Non
 
 def patch_transformer_block(block: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
     kinds = options.kinds
-    existing = own_override(block, "forward")
-    if existing is not None:
-        existing.report(path, found, new=False)
+    if report_own_override(block, "forward", path, found):
         return
     gates = "gated_residual" in kinds
     flavours, sites, skipped = fusable_norms(

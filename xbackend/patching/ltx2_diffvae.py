@@ -22,7 +22,7 @@ from ._common import (
     foreign_override,
     install,
     mark,
-    own_override,
+    report_own_override,
     same_parameters,
 )
 
@@ -40,9 +40,7 @@ def tiled_decode_forward(group: Any) -> Callable[..., Any]:
 
 
 def patch_tiled_decode(model: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
-    existing = own_override(model, "tiled_decode")
-    if existing is not None:
-        existing.report(path, found, new=False)
+    if report_own_override(model, "tiled_decode", path, found):
         return
     if "tiled_decode" not in options.kinds:
         return

@@ -23,7 +23,7 @@ from ._common import (
     foreign_override,
     install,
     mark,
-    own_override,
+    report_own_override,
     same_parameters,
     silu_mul,
 )
@@ -51,9 +51,7 @@ def swiglu_forward(module: Any) -> Callable[..., Any]:
 
 
 def patch_swiglu(mlp: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
-    existing = own_override(mlp, "forward")
-    if existing is not None:
-        existing.report(path, found, new=False)
+    if report_own_override(mlp, "forward", path, found):
         return
     if "silu_mul" not in options.kinds:
         return

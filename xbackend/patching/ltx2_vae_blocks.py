@@ -27,7 +27,7 @@ from ._common import (
     Skipped,
     add_norm,
     norm_modulate,
-    own_override,
+    report_own_override,
 )
 from .ltx2_blocks import fusable_norms, install_block
 
@@ -76,9 +76,7 @@ def diffusion_block_forward(flavours: dict[str, str | None], fold: bool) -> Call
 
 
 def patch_diffusion_block(block: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
-    existing = own_override(block, "forward")
-    if existing is not None:
-        existing.report(path, found, new=False)
+    if report_own_override(block, "forward", path, found):
         return
     if "rmsnorm_modulate" not in options.kinds:
         if "add_rmsnorm" in options.kinds:
@@ -114,9 +112,7 @@ def na_block_forward(flavour: str) -> Callable[..., Any]:
 
 
 def patch_na_block(block: nn.Module, path: str, found: Findings, options: PatchOptions) -> None:
-    existing = own_override(block, "forward")
-    if existing is not None:
-        existing.report(path, found, new=False)
+    if report_own_override(block, "forward", path, found):
         return
     if "add_rmsnorm" not in options.kinds:
         return
