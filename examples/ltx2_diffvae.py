@@ -5,9 +5,11 @@ against stock diffusers and torch.compile.
     python examples/ltx2_diffvae.py --device cuda --height 512 --width 768 --frames 41   # default config
     torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock
 
-Under torchrun (NCCL, one GPU per rank) the patched decode runs twice: on rank 0's GPU alone, then with
-its tiles spread over every rank; rank 0 prints both times, the scaling and whether the outputs are
-bit-identical.
+Under torchrun (NCCL, one GPU per rank; gloo on CPUs) the patched decode runs twice: on rank 0's device
+alone, then with its tiles spread over every rank; rank 0 prints both times, the scaling and whether
+the outputs are bit-identical. `--phases` adds one more decode over every rank, timed by phase on each
+rank (`decode_phases`): stages 1-3 (every rank runs them on the whole latent), stage 4 and stage 5 of
+the rank's own tiles, and the rest (the tile exchange, blending, noise): where the scaling goes.
 
 Random weights from a config (nothing is downloaded). xbackend.patch routes the RMSNorms, the stage-5
 adaLN modulations, every neighborhood attention (get_op("neighborhood_attention") in place of diffusers'
@@ -23,6 +25,7 @@ different kernel. Stock flex builds a dense block mask, which does not fit a GPU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -61,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default=None, help="torch.compile backend or 'none' (default: inductor on GPU, aot_eager on CPU)")
     p.add_argument("--no-stock", action="store_true", help="skip stock diffusers (its flex mask is dense)")
     p.add_argument("--sites", action="store_true", help="print every patched site")
+    p.add_argument("--phases", action="store_true", help="one more patched decode, timed by phase on each rank")
     args = p.parse_args(argv)
     gpu = args.device.startswith("cuda")
     args.tiny = (not gpu) if args.tiny is None else args.tiny
@@ -118,6 +122,62 @@ def timed(fn: Callable[[], Any], device: str, repeats: int, label: str) -> tuple
     return out, first, statistics.median(times) if times else first
 
 
+# The decoder methods the patched tiled decode calls: stages 1-3 once on the whole latent, then per
+# tile stage 4 and the denoising stage 5.
+PHASES = {"forward_stages_1_to_3": "stages 1-3", "forward_stage_4": "stage 4", "denoise": "stage 5"}
+
+
+@contextlib.contextmanager
+def phase_timers(decoder: torch.nn.Module, device: str):
+    """Time every call of the `PHASES` methods on `decoder` (synchronised, so each call's time is its
+    own): yields {method: [calls, seconds]}; the instance attributes are removed on exit."""
+    spent = {name: [0, 0.0] for name in PHASES}
+
+    def timing(name: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            sync(device)
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                sync(device)
+                spent[name][0] += 1
+                spent[name][1] += time.perf_counter() - start
+
+        return call
+
+    for name in PHASES:
+        setattr(decoder, name, timing(name, getattr(decoder, name)))
+    try:
+        yield spent
+    finally:
+        for name in PHASES:
+            delattr(decoder, name)
+
+
+def decode_phases(decode: Callable[[], Any], decoder: torch.nn.Module, device: str) -> dict[str, float]:
+    """One `decode()` on this rank, split by phase: tiles (the rank's stage-4 calls), seconds per phase,
+    the rest (exchange, blending, noise, assembly) and the total."""
+    with phase_timers(decoder, device) as spent:
+        sync(device)
+        start = time.perf_counter()
+        decode()
+        sync(device)
+        total = time.perf_counter() - start
+    row = {"tiles": float(spent["forward_stage_4"][0])} | {label: spent[name][1] for name, label in PHASES.items()}
+    row["rest"] = total - sum(spent[name][1] for name in PHASES)
+    row["total"] = total
+    return row
+
+
+def print_phases(rows: list[dict[str, float]]) -> None:
+    print(f"\n{'rank':<6} {'tiles':>5} " + " ".join(f"{k:>11}" for k in (*PHASES.values(), "rest", "total")))
+    for rank, row in enumerate(rows):
+        print(f"{rank:<6} {int(row['tiles']):>5} "
+              + " ".join(f"{row[k]:>10.3f}s" for k in (*PHASES.values(), "rest", "total")))  # fmt: skip
+    print("rest: the tile exchange, blending, noise and assembly; stages 1-3 run on every rank")
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor | None) -> str:
     if ref is None:
         return "-"
@@ -136,13 +196,18 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def main_distributed(args: argparse.Namespace) -> None:
-    """One GPU (rank 0 alone) against every rank, both through xbackend.patch, same bits expected."""
+    """One device (rank 0 alone) against every rank, both through xbackend.patch, same bits expected."""
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
+    if args.device.startswith("cuda"):
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    unit = "GPU" if device.type == "cuda" else "rank"
     singles = [dist.new_group([r]) for r in range(world)]  # new_group is collective: every rank makes all
     args.device = str(device)
     model = build_model(args)
@@ -164,19 +229,25 @@ def main_distributed(args: argparse.Namespace) -> None:
 
     one = first_one = median_one = None
     if rank == 0:
-        print(f"DiffVAE (default config): latent {tuple(z.shape)} -> {args.frames}x{args.height}x{args.width}, "
-              f"{world} ranks")  # fmt: skip
+        print(f"DiffVAE ({'tiny' if args.tiny else 'default'} config): latent {tuple(z.shape)} -> "
+              f"{args.frames}x{args.height}x{args.width}, {world} ranks")  # fmt: skip
         print(xbackend.patch(model, decode_group=singles[0]))
-        one, first_one, median_one = timed(decode, args.device, args.repeats, "1 GPU")
+        one, first_one, median_one = timed(decode, args.device, args.repeats, f"1 {unit}")
         xbackend.unpatch(model)
     xbackend.patch(model)  # the default group: tiles over every rank, the result on every rank
-    out, first_all, median_all = timed_all(f"{world} GPUs")
+    out, first_all, median_all = timed_all(f"{world} {unit}s")
     if rank == 0:
         same = "bit-identical" if bits_equal(out, one) else "DIFFERS"
         print(f"\n{'mode':<30} {'first call':>11} {'median':>10} {'scaling':>8}  output")
-        print(f"{'xbackend.patch, 1 GPU':<30} {first_one:>10.2f}s {median_one:>9.3f}s {1.0:>7.2f}x  reference")
-        print(f"{f'xbackend.patch, {world} GPUs':<30} {first_all:>10.2f}s {median_all:>9.3f}s "
-              f"{median_one / median_all:>7.2f}x  {same} to 1 GPU")  # fmt: skip
+        print(f"{f'xbackend.patch, 1 {unit}':<30} {first_one:>10.2f}s {median_one:>9.3f}s {1.0:>7.2f}x  reference")
+        print(f"{f'xbackend.patch, {world} {unit}s':<30} {first_all:>10.2f}s {median_all:>9.3f}s "
+              f"{median_one / median_all:>7.2f}x  {same} to 1 {unit}")  # fmt: skip
+    if args.phases:
+        dist.barrier()
+        rows: list[Any] = [None] * world
+        dist.all_gather_object(rows, decode_phases(decode, model.decoder, args.device))
+        if rank == 0:
+            print_phases(rows)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -211,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     print(report.table() if args.sites else report)
     out, first, median = timed(decode, args.device, args.repeats, "patched")
     rows.append(("xbackend.patch", first, median, compare(out, ref)))
+    if args.phases:
+        print_phases([decode_phases(decode, model.decoder, args.device)])
     xbackend.unpatch(model)
 
     if args.compile != "none" and not args.no_stock:
