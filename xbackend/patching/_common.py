@@ -130,8 +130,7 @@ def own_override(module: nn.Module, attr: str) -> Mark | None:
 
 
 def report_own_override(module: nn.Module, attr: str, path: str, found: Findings) -> bool:
-    """Report the sites of xbackend's override of ``attr`` on this instance as already patched, and
-    say whether there was one (every patch function's first step: a second ``patch`` changes nothing)."""
+    """Report xbackend's override of ``attr`` here as already patched; True if there was one."""
     existing = own_override(module, attr)
     if existing is not None:
         existing.report(path, found, new=False)
