@@ -219,21 +219,18 @@ def _na_fwd_kernel(
         # 30 binades above fp32's smallest normal, and the walk shifts by the bound instead of tracking
         # the row max. A tile with a looser bound walks nothing here and is flagged for the REDO launch.
         qf = q.to(tl.float32)
-        shift = tl.sqrt(tl.sum(qf * qf, 1)) * tl.load(KNORM + pid_bh) * tl.abs(qk_scale)
-        fixed = tl.max(shift, 0) <= SHIFT_MAX
+        m_i = tl.sqrt(tl.sum(qf * qf, 1)) * tl.load(KNORM + pid_bh) * tl.abs(qk_scale)
+        fixed = tl.max(m_i, 0) <= SHIFT_MAX
         tl.store(FLAGS + flat_pid, 1, mask=live & (fixed == 0))
         live = live & fixed
         row_ok = row_ok & (m0 < tl.where(fixed, N0, 0))
-        acc, l_i = kv_loop(q, acc, l_i, shift, tl.where(fixed, n_blocks, 0), qk_scale, lo0, lo1, lo2, end1, end2,
-                            k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
-                            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, True)
+        n_blocks = tl.where(fixed, n_blocks, 0)
     else:
-        acc, l_i = kv_loop(q, acc, l_i, tl.full([BLOCK_M], -1.0e30, dtype=tl.float32), n_blocks, qk_scale,
-                            lo0, lo1, lo2, end1, end2,
-                            k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
-                            offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                            CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, False)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # the online walk's running max
+    acc, l_i = kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
+                       k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+                       offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
+                       CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT)
 
     acc = acc / l_i[:, None]
     if TMA:
