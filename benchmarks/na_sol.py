@@ -87,6 +87,21 @@ def args_of(case: Case, device: torch.device) -> tuple:
     return q, k, v, case.kernel, (1,) * n, case.causal or (False,) * n, None, case.stride or (1,) * n
 
 
+def reference_sample(case: Case, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """1024 random queries of the case (seed 1) and the fp32 reference on them: the accuracy sample
+    every NA benchmark here reports."""
+    tokens = math.prod(case.spatial)
+    idx = torch.randperm(tokens, generator=torch.Generator().manual_seed(1))[:1024].to(args[0].device)
+    return idx, attend_fp32(*args, query_index=idx)
+
+
+def sample_error(case: Case, out: torch.Tensor, sample: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """Relative Frobenius error of ``out`` against the reference on the sample's queries."""
+    idx, ref = sample
+    got = out.reshape(case.batch, math.prod(case.spatial), case.heads, case.dim)[:, idx].float()
+    return float((got - ref).norm() / ref.norm())
+
+
 def time_ms(fn, device: torch.device, reps: int) -> float:
     if device.type == "cuda":
         from triton.testing import do_bench
@@ -133,12 +148,8 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
     status = "; ".join(f"{e.impl} {e.status}" for e in events)
     ms = time_ms(lambda: op(*args), device, reps)
     out = op(*args)
-    # Accuracy on 1024 random queries against the fp32 reference.
+    err = sample_error(case, out, reference_sample(case, args))
     tokens = math.prod(case.spatial)
-    idx = torch.randperm(tokens, generator=torch.Generator().manual_seed(1))[:1024].to(device)
-    ref = attend_fp32(*args, query_index=idx)
-    got = out.reshape(case.batch, tokens, case.heads, case.dim)[:, idx].float()
-    err = float((got - ref).norm() / ref.norm())
     key = (case.spatial, case.heads, case.dim, case.batch)
     if key not in dense_cache:
         dense_cache[key] = dense_ms(case, device, reps)

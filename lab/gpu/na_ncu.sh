@@ -8,16 +8,4 @@ timeout 240 ncu --clock-control none -k regex:"_na_fwd" --launch-skip 2 --launch
   --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__inst_executed.avg.per_cycle_active \
   --csv --page details python3 lab/gpu/na_sweep.py --ncu --cases "${1:-video,stage5}" >"$OUT/na_ncu.csv" 2>"$OUT/na_ncu.err"
 echo "ncu rc=$?"; tail -3 "$OUT/na_ncu.err"
-python3 - <<'PY'
-import csv, io, os
-text = open(os.environ.get("OUT", "/tmp/xbackend-out") + "/na_ncu.csv").read()
-start = text.find('"ID"')
-rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
-seen = set()
-for r in rows:
-    key = (r["ID"], r["Section Name"], r["Metric Name"])
-    if key in seen:
-        continue
-    seen.add(key)
-    print(f'{r["ID"]:>3} {r["Section Name"][:22]:<22} {r["Metric Name"][:52]:<52} {r["Metric Value"]:>14} {r["Metric Unit"]}')
-PY
+python3 "$(dirname "$0")/ncu_table.py" "$OUT/na_ncu.csv"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import math
 import sys
 from pathlib import Path
 
@@ -25,11 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from na_sol import CASES, args_of, useful_pairs  # noqa: E402
+from na_sol import CASES, args_of, reference_sample, sample_error, useful_pairs  # noqa: E402
 
 from xbackend.kernels import na_triton as K  # noqa: E402
 from xbackend.kernels import na_triton_config as C  # noqa: E402
-from xbackend.ops.neighborhood_attention import attend_fp32  # noqa: E402
 
 SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D image", "small3d": "3-D small window",
          **{f"hd{d}": f"DiffVAE stage-4 tile, {h} x {d}" for h, d in ((16, 32), (8, 64), (6, 80), (5, 96), (4, 128))}}
@@ -43,16 +41,16 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
            ("stages 2", dataclasses.replace(base, num_stages=2)), ("stages 4", dataclasses.replace(base, num_stages=4)),
            ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
            ("shift flipped", dataclasses.replace(base, shift=not base.shift))]
-    wide = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, block_n=128)
-    out.append(("kv 128", dataclasses.replace(wide, tma=base.tma)))
-    out.append(("kv 128 stages 2", dataclasses.replace(wide, tma=base.tma, num_stages=2)))
-    tall = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, block_m=128)
-    out.append(("q 128 / 8 warps", dataclasses.replace(tall, tma=base.tma, num_stages=2)))
-    out.append(("kv 32", dataclasses.replace(C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim,
-                                                             block_n=32), tma=base.tma, num_stages=4)))
-    kv32 = dataclasses.replace(C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, block_n=32),
-                               tma=base.tma)
-    out += [("kv 32 stages 3", kv32), ("kv 32 stages 2", dataclasses.replace(kv32, num_stages=2))]
+    def tiles(**blocks: int) -> K.NAConfig:
+        """The shipped launch (TMA, shift, stages) with choose_config's tiles for other block sizes."""
+        pick = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, **blocks)
+        return dataclasses.replace(base, q_tile=pick.q_tile, kv_tile=pick.kv_tile, num_warps=pick.num_warps)
+
+    wide, tall, narrow = tiles(block_n=128), tiles(block_m=128), tiles(block_n=32)
+    out += [("kv 128", wide), ("kv 128 stages 2", dataclasses.replace(wide, num_stages=2)),
+            ("q 128 / 8 warps", dataclasses.replace(tall, num_stages=2)),
+            ("kv 32", dataclasses.replace(narrow, num_stages=4)), ("kv 32 stages 3", narrow),
+            ("kv 32 stages 2", dataclasses.replace(narrow, num_stages=2))]
     return out
 
 
@@ -89,9 +87,7 @@ def main() -> None:
                 K.neighborhood_attention(*args, config=base)
             torch.cuda.synchronize()
             continue
-        tokens = math.prod(case.spatial)
-        idx = torch.randperm(tokens, generator=torch.Generator().manual_seed(1))[:1024].cuda()
-        ref = attend_fp32(*args, query_index=idx)
+        sample = reference_sample(case, args)
         pairs = useful_pairs(case)
         flops = 4 * case.dim * case.heads * case.batch
         print(f"\n{case.name}: {case.spatial} x {case.heads} x {case.dim}, window {case.kernel}", flush=True)
@@ -101,9 +97,7 @@ def main() -> None:
         for label, cfg in rows:
             fn = prev.neighborhood_attention if label == "divides variant" else K.neighborhood_attention
             try:
-                out = fn(*args, config=cfg)
-                got = out.reshape(case.batch, tokens, case.heads, case.dim)[:, idx].float()
-                err = float((got - ref).norm() / ref.norm())
+                err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")
             except Exception as exc:  # a variant that does not compile or launch is a row, not a stop
                 print(f"  {label:<18} {cfg!s:<60} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
@@ -115,7 +109,7 @@ def main() -> None:
                   f"{flops * computed / ms / 1e9:5.0f} TFLOP/s  useful/computed {pairs / computed:.3f}  error {err:.4f}  "
                   f"{compiled((prev if label == 'divides variant' else K)._na_fwd_kernel)}",
                   flush=True)
-        del args, ref
+        del args, sample
         torch.cuda.empty_cache()
 
 

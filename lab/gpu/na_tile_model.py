@@ -12,7 +12,7 @@ shipped model? (On "3-D small window" the exact count finds 0.61 useful against 
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -22,11 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from na_sol import CASES, Case, args_of, useful_pairs  # noqa: E402
+from na_sol import CASES, Case, args_of, reference_sample, sample_error, useful_pairs  # noqa: E402
 
 from xbackend.kernels import na_triton as K  # noqa: E402
 from xbackend.kernels import na_triton_config as C  # noqa: E402
-from xbackend.ops.neighborhood_attention import attend_fp32  # noqa: E402
 
 
 def ranked(case: Case, block: int = 64) -> tuple[K.NAConfig, list[tuple[float, K.NAConfig]]]:
@@ -42,7 +41,7 @@ def ranked(case: Case, block: int = 64) -> tuple[K.NAConfig, list[tuple[float, K
     for tq in C._shapes(block, q_limits):
         box = tuple(min(k + K.leader_span(t, s), L) for k, t, s, L in zip(kernel, tq, stride, spatial, strict=True))
         for tk in C._shapes(block, tuple(C._pow2_le(2 * b - 1) for b in box)):
-            cfg = K.NAConfig(tq, tk, chosen.num_warps, chosen.num_stages, tma=chosen.tma)
+            cfg = dataclasses.replace(chosen, q_tile=tq, kv_tile=tk)  # the chosen launch, other tiles
             out.append((pairs / K.visited_pairs(case.spatial, case.kernel, (1,) * n, causal, stride[3 - n:], cfg), cfg))
     out.sort(key=lambda r: -r[0])
     return chosen, out
@@ -62,15 +61,11 @@ def main() -> None:
             from triton.testing import do_bench
 
             args = args_of(case, torch.device("cuda"))
-            tokens = math.prod(case.spatial)
-            idx = torch.randperm(tokens, generator=torch.Generator().manual_seed(1))[:1024].cuda()
-            ref = attend_fp32(*args, query_index=idx)
+            sample = reference_sample(case, args)
         for cfg in picks:
             line = f"  q{cfg.q_tile} kv{cfg.kv_tile}: useful/computed {score[cfg]:.3f}"
             if a.time:
-                out = K.neighborhood_attention(*args, config=cfg)
-                got = out.reshape(case.batch, tokens, case.heads, case.dim)[:, idx].float()
-                err = float((got - ref).norm() / ref.norm())
+                err = sample_error(case, K.neighborhood_attention(*args, config=cfg), sample)
                 ms = do_bench(lambda cfg=cfg, args=args: K.neighborhood_attention(*args, config=cfg), return_mode="median")
                 line += f"  {ms:.3f} ms  error {err:.4f}"
             print(line, flush=True)

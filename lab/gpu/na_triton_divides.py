@@ -1,52 +1,8 @@
 """Comparison variant of xbackend/kernels/na_triton.py for lab/gpu/na_sweep.py and na_tma_shapes.py: the
-same kernel with the KV block coordinates divided out of the trip count every trip (three runtime
-integer divides) and the softmax scale as a separate multiply, K and V loaded together ahead of the
-q.k dot. Launch configs come from the package (``NAConfig``); its ``skip_inner_mask`` path is off.
-Not imported by the package.
-
-The package kernel's docstring follows.
-Fused neighborhood attention forward in Triton (tuned for Hopper, SM90).
-
-Flash-attention style: one program per (Q tile, batch*head, dilation group); online softmax in
-fp32; bf16/fp16 operands on the tensor cores.
-
-* A Q tile is a spatial box of ``TQ0 x TQ1 x TQ2`` queries (BLOCK_M tokens), read straight from the
-  heads-last ``[B, *spatial, heads, dim]`` tensor: every token row is ``dim`` contiguous elements, so
-  no permuted copy of q/k/v is ever made and padding is free (rows are clamped / masked).
-* The keys a Q tile needs form a box per axis: the union of its queries' windows is
-  ``[start(first query), end(last query))`` because window bounds are monotone. That box is walked
-  in KV blocks of ``TK0 x TK1 x TK2`` tokens that start at the box origin (not at a global tile
-  grid), so the only waste beyond the box is rounding its extent up to the block shape.
-* The per-element window test is one unsigned compare per axis (and once per row on axes where
-  the KV block is 1 wide). Out-of-box (overhang) keys are clamped for the load and rejected by the
-  test, so no load is predicated on the window. Skipping the test on blocks inside every query's
-  window (``skip_inner_mask``) measured slower on H200 than testing every block, so it is off.
-* Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
-  program works on one group: stride times ``d``, base offset ``g``, group length
-  ``ceil((L - g) / d)``.
-* Stride (strided NA): queries grouped by ``stride`` share their group leader's window, so the
-  window bounds stay monotone in the query and the key box of a tile is still its first query's start
-  to its last query's end. The leader is one integer divide per row, before the KV loop; stride 1
-  is a compile-time constant that folds it away (the stride-1 kernel is the same code as without
-  stride). A Q tile that covers whole stride groups of ``stride = kernel_size`` sees one dense window.
-  Strided windows are tested on the H200 (tests/kernels/test_na_kernels.py) and under Triton's interpreter.
-* Head dims that are not a power of two (80, 96) run padded to the next one (``HEAD_PAD`` = 128):
-  q/k/v loads are masked along the head dim with zero fill and the store masks the pad columns off,
-  while strides and pointer math use the real ``HEAD_DIM``. Shared memory and tensor-core work are
-  those of head_dim 128, and so is the launch config. For 32, 64 and 128 (``HEAD_PAD == HEAD_DIM``)
-  the masks are not generated.
-
-* TMA (``NAConfig.tma``, set by ``config_for`` where it measured faster: 3-D windows at head_dim >= 80):
-  q/k/v/out tiles move by tensor descriptors made in the kernel over the program's dilation sub-grid
-  ``[N0, N1, N2, head_dim]``. The hardware zero-fills a box past the group's end or past head_dim on
-  load and clips it on store, so nothing is clamped or masked for the loads. A call whose bases or
-  strides break TMA's 16-byte rules (``tma_layout_ok``) takes the pointer loads.
-
-Limits (``supports``): CUDA, bf16/fp16, any stride the op accepts, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
-contiguous, tensors under 2**31 elements (offsets within a batch are 32-bit).
-
-H200 (lab/gpu/neighborhood_attention.py): 255-261 useful TFLOP/s at (30,48,80) / 24x128 / window (18,24,24), 4.7x dense
-cuDNN SDPA; 3.8 ms (132 TFLOP/s) at the DiffVAE tile (40,96,96) / 4x64 / window 11^3.
+package's kernel with the KV block coordinates divided out of the trip count every trip (three runtime
+integer divides), the softmax scale as a separate multiply after the dot, no score-bound shift, and K
+and V loaded together ahead of the q.k dot. Window rules, layout checks and the TMA scratch allocator
+are the package's; launch configs are ``NAConfig`` (its ``shift`` is ignored). Not imported by the package.
 """
 
 from __future__ import annotations
@@ -54,71 +10,16 @@ from __future__ import annotations
 import contextvars
 import functools
 import math
-from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from xbackend.kernels.na_triton_config import NAConfig, choose_config, config_for, leader_span, pad3, visited_pairs
-
-__all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "config_for", "leader_span", "neighborhood_attention", "supports",
-           "tma_layout_ok", "visited_pairs"]
-
-_LOG2E = 1.4426950408889634
-
-# Head dims supports() accepts. 80 and 96 run padded to the next power of two (128), so they cost
-# what 128 costs in shared memory and tensor-core work.
-HEAD_DIMS = (32, 64, 80, 96, 128)
-
-
-@triton.jit
-def _leader(m, n, S: tl.constexpr, CAUSAL: tl.constexpr):
-    """The query whose window query ``m`` shares: queries ``[S*j, S*j + S)`` share their group's middle
-    one (causal: its last one), clamped to the axis end. ``S == 1`` is ``m`` itself, folded at compile."""
-    if S == 1:
-        return m
-    else:
-        if CAUSAL:
-            return tl.minimum((m // S) * S + (S - 1), n - 1)
-        else:
-            return tl.minimum((m // S) * S + S // 2, n - 1)
-
-
-@triton.jit
-def _win_start(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
-    c = _leader(m, n, S, CAUSAL)
-    if CAUSAL:
-        return tl.maximum(c - ks + 1, 0)
-    else:
-        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks)
-
-
-@triton.jit
-def _win_end(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
-    if CAUSAL:
-        # Causal: the leader's window, cut at the query itself (never past its own position).
-        return m + 1
-    else:
-        c = _leader(m, n, S, CAUSAL)
-        return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks) + ks
-
-
-@triton.jit
-def _axis_ok(c, kv, qs, qe, ks, KV_EXTENT: tl.constexpr, CAUSAL: tl.constexpr):
-    """Keys inside [qs, qe) per query row along one axis. c: the block's first coordinate (scalar),
-    kv: per-key coordinates [N]. Gives [M, 1] when the block is 1 wide on this axis (one compare
-    per row instead of per element), else [M, N]. Unsigned wrap folds both bounds into one compare.
-    """
-    if KV_EXTENT == 1:
-        d = (c - qs)[:, None]
-    else:
-        d = kv[None, :] - qs[:, None]
-    if CAUSAL:
-        w = (qe - qs)[:, None]
-    else:
-        w = ks
-    return d.to(tl.uint32, bitcast=True) < w.to(tl.uint32, bitcast=True)
+from xbackend.kernels.na_triton import _LOG2E, _as_3d, _launch_with_scratch, tma_layout_ok
+from xbackend.kernels.na_triton_blocks import axis_ok as _axis_ok
+from xbackend.kernels.na_triton_blocks import win_end as _win_end
+from xbackend.kernels.na_triton_blocks import win_start as _win_start
+from xbackend.kernels.na_triton_config import NAConfig, config_for, pad3
 
 
 @triton.jit
@@ -139,7 +40,6 @@ def _na_fwd_kernel(
     TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    SKIP_INNER_MASK: tl.constexpr,
     TMA: tl.constexpr,  # tiles by TMA over the program's dilation sub-grid (descriptors made in-kernel)
 ):
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
@@ -170,19 +70,13 @@ def _na_fwd_kernel(
     z0 = tl.minimum(a0 + TQ0, N0) - 1
     z1 = tl.minimum(a1 + TQ1, N1) - 1
     z2 = tl.minimum(a2 + TQ2, N2) - 1
-    # Key box = union of the tile's windows; inner box = their intersection (no mask needed there).
+    # Key box = union of the tile's windows.
     lo0 = _win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
     lo1 = _win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
     lo2 = _win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
     hi0 = _win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
     hi1 = _win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
     hi2 = _win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
-    in_lo0 = _win_start(z0, N0, KS0, STRIDE0, CAUSAL0)
-    in_lo1 = _win_start(z1, N1, KS1, STRIDE1, CAUSAL1)
-    in_lo2 = _win_start(z2, N2, KS2, STRIDE2, CAUSAL2)
-    in_hi0 = _win_end(a0, N0, KS0, STRIDE0, CAUSAL0)
-    in_hi1 = _win_end(a1, N1, KS1, STRIDE1, CAUSAL1)
-    in_hi2 = _win_end(a2, N2, KS2, STRIDE2, CAUSAL2)
 
     offs_m = tl.arange(0, BLOCK_M)
     m0 = a0 + offs_m // (TQ1 * TQ2)
@@ -266,22 +160,10 @@ def _na_fwd_kernel(
                 kb = tl.load(k_base + k_row[:, None] + offs_d[None, :])
                 vb = tl.load(v_base + v_row[:, None] + offs_d[None, :])
         qk = tl.dot(q, tl.trans(kb)) * qk_scale
-        inner = (
-            (c0 >= in_lo0) & (c0 + TK0 <= in_hi0)
-            & (c1 >= in_lo1) & (c1 + TK1 <= in_hi1)
-            & (c2 >= in_lo2) & (c2 + TK2 <= in_hi2)
-        )
-        if SKIP_INNER_MASK:
-            if not inner:
-                ok = _axis_ok(c0, k0, qs0, qe0, KS0, TK0, CAUSAL0)
-                ok = ok & _axis_ok(c1, k1, qs1, qe1, KS1, TK1, CAUSAL1)
-                ok = ok & _axis_ok(c2, k2, qs2, qe2, KS2, TK2, CAUSAL2)
-                qk = tl.where(ok, qk, float("-inf"))
-        else:
-            ok = _axis_ok(c0, k0, qs0, qe0, KS0, TK0, CAUSAL0)
-            ok = ok & _axis_ok(c1, k1, qs1, qe1, KS1, TK1, CAUSAL1)
-            ok = ok & _axis_ok(c2, k2, qs2, qe2, KS2, TK2, CAUSAL2)
-            qk = tl.where(ok, qk, float("-inf"))
+        ok = _axis_ok(c0, k0, qs0, qe0, KS0, TK0, CAUSAL0)
+        ok = ok & _axis_ok(c1, k1, qs1, qe1, KS1, TK1, CAUSAL1)
+        ok = ok & _axis_ok(c2, k2, qs2, qe2, KS2, TK2, CAUSAL2)
+        qk = tl.where(ok, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -305,45 +187,6 @@ def _na_fwd_kernel(
             )
         else:
             tl.store(o_base + o_row[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
-
-
-# ---------------------------------------------------------------- entry points
-
-
-def supports(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kernel_size: tuple[int, ...],
-    dilation: tuple[int, ...],
-    is_causal: tuple[bool, ...],
-    scale: float | None,
-    stride: tuple[int, ...] | None = None,
-) -> str | None:
-    if q.device.type not in ("cuda", "meta"):  # meta: planning for a simulated device
-        return "needs a CUDA device"
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"dtype {q.dtype} not supported (bf16/fp16 only)"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        return "q, k, v dtypes differ"
-    if not (k.shape == q.shape and v.shape == q.shape):
-        return "q, k, v must share one shape"
-    if not 1 <= q.dim() - 3 <= 3:
-        return "needs 1 to 3 spatial dims"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head_dim {q.shape[-1]} not in {HEAD_DIMS}"
-    if any(t.stride(-1) != 1 for t in (q, k, v)):
-        return "needs contiguous last dim"
-    if any(t.numel() >= 2**31 for t in (q, k, v)):
-        return "tensor has >= 2**31 elements"
-    return None
-
-
-def _as_3d(x: torch.Tensor) -> torch.Tensor:
-    """View [B, *spatial(1..3), H, D] as [B, S0, S1, S2, H, D] with leading unit axes."""
-    while x.dim() < 6:
-        x = x.unsqueeze(1)
-    return x
 
 
 def neighborhood_attention(
@@ -397,7 +240,6 @@ def neighborhood_attention(
         *config.kv_tile,
         HEAD_DIM=head_dim,
         HEAD_PAD=triton.next_power_of_2(head_dim),
-        SKIP_INNER_MASK=False,
         TMA=tma,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -412,23 +254,3 @@ def neighborhood_attention(
     else:
         launch()
     return out
-
-
-def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    # The caching allocator's blocks are 512-byte aligned (TMA descriptors need 64 bytes).
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _launch_with_scratch(launch: Callable[[], object]) -> None:
-    triton.set_allocator(_scratch)
-    launch()
-
-
-def tma_layout_ok(*tensors: torch.Tensor) -> bool:
-    """TMA's global-memory rules, per call: 16-byte aligned base addresses and every stride but the
-    last (which is 1) a multiple of 16 bytes. Other layouts take the pointer loads."""
-    for t in tensors:
-        size = t.element_size()
-        if t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:-1]):
-            return False
-    return True

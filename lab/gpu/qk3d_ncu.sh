@@ -6,16 +6,4 @@ timeout 300 ncu --clock-control none -k regex:"qk_norm_rope_3d|rmsnorm_exact" --
   --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
   --csv --page details python3 lab/gpu/qk3d_ncu.py >"$OUT/qk3d_ncu.csv" 2>"$OUT/qk3d_ncu.err"
 echo "ncu rc=$?"; tail -3 "$OUT/qk3d_ncu.err"
-python3 - <<'PY'
-import csv, io, os
-text = open(os.environ.get("OUT", "/tmp/xbackend-out") + "/qk3d_ncu.csv").read()
-start = text.find('"ID"')
-rows = list(csv.DictReader(io.StringIO(text[start:]))) if start >= 0 else []
-seen = set()
-for r in rows:
-    key = (r["ID"], r["Section Name"], r["Metric Name"])
-    if key in seen:
-        continue
-    seen.add(key)
-    print(f'{r["ID"]:>3} {r["Kernel Name"][:24]:<24} {r["Section Name"][:22]:<22} {r["Metric Name"][:48]:<48} {r["Metric Value"]:>14} {r["Metric Unit"]}')
-PY
+python3 "$(dirname "$0")/ncu_table.py" "$OUT/qk3d_ncu.csv"
