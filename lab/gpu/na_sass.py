@@ -63,12 +63,9 @@ def sass_of(case: str, cfg: K.NAConfig) -> str:
 
     _, launches = _capture.capture("sm90", "cuda", fn, make, torch.bfloat16)
     import triton
-    from triton.compiler import ASTSource
 
     spec = launches[0].spec
-    src = ASTSource(_capture.resolve(spec.kernel), dict(spec.signature), dict(spec.constexprs),
-                    {k: [list(a) for a in v] for k, v in spec.attrs})
-    kernel_obj = triton.compile(src, target=_capture.gpu_target("sm90"), options=dict(spec.options))
+    kernel_obj = triton.compile(_capture.ast_source(spec), target=_capture.gpu_target("sm90"), options=dict(spec.options))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel_obj.asm["cubin"])
         f.flush()

@@ -33,6 +33,12 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D imag
          **{f"hd{d}": f"DiffVAE stage-4 tile, {h} x {d}" for h, d in ((16, 32), (8, 64), (6, 80), (5, 96), (4, 128))}}
 
 
+# na_gluon schedule options by variant label (na_gluon.OPTIONS is set for the row).
+GLUON = {"pipelined": {"Q_REGS": True, "DEEP": True}, "pipelined q smem": {"Q_REGS": False, "DEEP": True},
+         "pipelined shallow": {"Q_REGS": True, "DEEP": False},
+         "pipelined q smem shallow": {"Q_REGS": False, "DEEP": False}}
+
+
 def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
     n = len(case.spatial)
     lead = (1,) * (3 - n)
@@ -40,7 +46,8 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
     out = [("shipped", base),
            ("stages 2", dataclasses.replace(base, num_stages=2)), ("stages 4", dataclasses.replace(base, num_stages=4)),
            ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
-           ("shift flipped", dataclasses.replace(base, shift=not base.shift))]
+           ("shift flipped", dataclasses.replace(base, shift=not base.shift)),
+           *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON)]
     def tiles(**blocks: int) -> K.NAConfig:
         """The shipped launch (TMA, shift, stages) with choose_config's tiles for other block sizes."""
         pick = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, **blocks)
@@ -96,6 +103,8 @@ def main() -> None:
             rows.insert(1, ("divides variant", base))
         for label, cfg in rows:
             fn = prev.neighborhood_attention if label == "divides variant" else K.neighborhood_attention
+            if label in GLUON and K.na_gluon is not None:
+                K.na_gluon.OPTIONS[case.dim] = GLUON[label]
             try:
                 err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")

@@ -763,6 +763,35 @@ def test_triton_gpu_shift_and_redo_launches(head_dim: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
+    """na_gluon's pipelined shift launch against the fp32 reference, within the Triton shift launch's
+    bound, on walks of 1 to many blocks, dilation,
+    causal axes, strided windows, partial tiles, loose-bound tiles handed to the online launch (q x 60)
+    and a negative scale."""
+    import dataclasses
+
+    from xbackend.kernels import na_triton
+
+    cases = [((13, 12, 17), (5, 7, 9), (1, 1, 1), (False,) * 3, None, None),
+             ((21, 30, 22), (5, 7, 3), (2, 3, 1), (True, False, False), None, None),
+             ((9, 20, 24), (3, 9, 9), (1, 1, 1), (False,) * 3, (1, 3, 3), None),
+             ((4, 8, 8), (3, 3, 3), (1, 1, 1), (False,) * 3, None, -0.05),
+             ((2, 8, 4), (1, 1, 1), (1, 1, 1), (False,) * 3, None, None)]
+    for spatial, kernel, dil, causal, stride, scale in cases:
+        for q_scale in (1.0, 60.0):
+            q, k, v = make_qkv(spatial, 3, head_dim, torch.float32, seed=31, device="cuda", batch=2)
+            q, k, v = (q * q_scale).bfloat16(), k.bfloat16(), v.bfloat16()
+            ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal, scale, stride=stride)
+            base = na_triton.config_for(q.shape, kernel, dil, causal, stride)
+            assert base.shift and base.tma
+            cfg = dataclasses.replace(base, pipelined=True)
+            assert na_triton.na_gluon.gluon_supports(head_dim, cfg.q_tile, cfg.kv_tile), cfg
+            got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
+            assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, rel_err(got, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
 def test_triton_gpu_tma_square_blocks(head_dim: int):
     """KV blocks of as many keys as head_dim columns (64 x 64, 128 x 128) through TMA tiles: the block
     shapes whose V load, placed after the q.k dot, once read wrong data on the H200 (Triton 3.6)."""

@@ -104,6 +104,20 @@ def resolve(ref: str | Callable[..., Any]) -> Any:
     return obj
 
 
+def ast_source(spec: Specialisation) -> Any:
+    """The ``triton.compile`` source of a captured launch: a Gluon kernel needs Gluon's own source
+    (its module carries the warp count its layouts are checked against)."""
+    from triton.compiler import ASTSource
+
+    fn = resolve(spec.kernel)
+    attrs = {k: [list(a) for a in v] for k, v in spec.attrs}
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn, dict(spec.signature), dict(spec.constexprs), attrs)
+    return ASTSource(fn, dict(spec.signature), dict(spec.constexprs), attrs)
+
+
 class _Pointer:
     """A tensor argument as Triton's specialisation reads it: dtype, address and the span it covers."""
 

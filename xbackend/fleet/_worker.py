@@ -146,13 +146,10 @@ def compile_triton(
 
 def _compile_triton(spec: Any, arch: str, stages: tuple[str, ...], start: float) -> CompileResult:
     import triton
-    from triton.compiler import ASTSource
 
     from xbackend.fleet import _capture, _resources
 
-    fn = _capture.resolve(spec.kernel)
-    src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), {k: [list(a) for a in v] for k, v in spec.attrs})
-    kernel = triton.compile(src, target=_capture.gpu_target(arch), options=dict(spec.options))
+    kernel = triton.compile(_capture.ast_source(spec), target=_capture.gpu_target(arch), options=dict(spec.options))
     md = kernel.metadata
     if "cubin" in kernel.asm:
         reserved = 1024 if int(arch.removeprefix("sm").rstrip("abf")) >= 90 else 0  # see cubin_resources

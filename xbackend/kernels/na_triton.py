@@ -64,6 +64,11 @@ import triton
 import triton.language as tl
 
 from xbackend.kernels.na_triton_blocks import kv_loop, win_end, win_start
+
+try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
+    from xbackend.kernels import na_gluon
+except ImportError:  # pragma: no cover - older Triton: the shift launch stays na_triton's
+    na_gluon = None
 from xbackend.kernels.na_triton_config import NAConfig, choose_config, config_for, leader_span, pad3, visited_pairs
 
 __all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "config_for", "leader_span", "neighborhood_attention", "supports",
@@ -335,19 +340,12 @@ def neighborhood_attention(
         flags = torch.zeros(math.prod(grid), dtype=torch.int32, device=q.device)
     else:
         knorm = flags = o3  # not read
+    args = (q3, k3, v3, o3, knorm, flags,
+            *strides(q3), *strides(k3), *strides(v3), *strides(o3),
+            s0, s1, s2, *ks, *dil, heads, float(scale) * _LOG2E, *causal, *st, *tq, *config.kv_tile)
     launch = functools.partial(
         _na_fwd_kernel[grid],
-        q3, k3, v3, o3, knorm, flags,
-        *strides(q3), *strides(k3), *strides(v3), *strides(o3),
-        s0, s1, s2,
-        *ks,
-        *dil,
-        heads,
-        float(scale) * _LOG2E,
-        *causal,
-        *st,
-        *tq,
-        *config.kv_tile,
+        *args,
         HEAD_DIM=head_dim,
         HEAD_PAD=triton.next_power_of_2(head_dim),
         TMA=tma,
@@ -363,6 +361,11 @@ def neighborhood_attention(
     # once otherwise). Without: the online walk alone.
     launches = ([functools.partial(launch, SHIFT=True, REDO=False), functools.partial(launch, SHIFT=False, REDO=True)]
                 if shift else [functools.partial(launch, SHIFT=False, REDO=False)])
+    if (shift and tma and config.pipelined and na_gluon is not None
+            and na_gluon.gluon_supports(head_dim, tq, config.kv_tile)):
+        launches[0] = functools.partial(na_gluon.na_fwd_shift_kernel[grid], *args, HEAD_DIM=head_dim,
+                                        SHIFT_MAX=SHIFT_MAX, POS_SCALE=float(scale) > 0, num_warps=4,
+                                        **na_gluon.OPTIONS[head_dim])
     for one in launches:
         if tma and q.is_cuda:
             # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a

@@ -31,6 +31,9 @@ class NAConfig:
     # instead of tracking the row max (no max, no accumulator rescale in the KV loop); ``config_for``
     # sets it with ``tma``, where it measured faster (3-D windows at head_dim >= 64: 2-9% on the H200).
     shift: bool = False
+    # Run the shift launch as na_gluon's hand-pipelined kernel (asynchronous wgmma, K/V rings) where
+    # it applies (``na_gluon.gluon_supports``); the online launch stays na_triton's.
+    pipelined: bool = False
 
 
 # TMA tiles against pointer gathers on the H200 (lab/gpu/na_sweep.py, Triton 3.6): 4-8% less time on 3-D
