@@ -33,10 +33,10 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D imag
          **{f"hd{d}": f"DiffVAE stage-4 tile, {h} x {d}" for h, d in ((16, 32), (8, 64), (6, 80), (5, 96), (4, 128))}}
 
 
-# na_gluon schedule options by variant label (na_gluon.OPTIONS is set for the row).
-GLUON = {"pipelined": {"Q_REGS": True, "DEEP": True}, "pipelined q smem": {"Q_REGS": False, "DEEP": True},
-         "pipelined shallow": {"Q_REGS": True, "DEEP": False},
-         "pipelined q smem shallow": {"Q_REGS": False, "DEEP": False}}
+# na_gluon schedule options by variant label: overrides of na_gluon.OPTIONS[head_dim] for the row.
+GLUON = {"pipelined": {}, "pipelined no skip": {"SKIP_MASK": False},
+         "pipelined q regs": {"Q_REGS": True}, "pipelined q smem": {"Q_REGS": False},
+         "pipelined shallow": {"DEEP": False}, "pipelined 168 regs": {"maxnreg": 168}}
 
 
 def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
@@ -79,6 +79,7 @@ def main() -> None:
     a = ap.parse_args()
     from triton.testing import do_bench
 
+    shipped_options = {d: dict(o) for d, o in K.na_gluon.OPTIONS.items()} if K.na_gluon is not None else {}
     by_name = {c.name: c for group in CASES.values() for c in group}
     try:
         prev = importlib.import_module("na_triton_divides")
@@ -104,7 +105,7 @@ def main() -> None:
         for label, cfg in rows:
             fn = prev.neighborhood_attention if label == "divides variant" else K.neighborhood_attention
             if label in GLUON and K.na_gluon is not None:
-                K.na_gluon.OPTIONS[case.dim] = GLUON[label]
+                K.na_gluon.OPTIONS[case.dim] = {**shipped_options[case.dim], **GLUON[label]}
             try:
                 err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")

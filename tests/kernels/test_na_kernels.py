@@ -766,8 +766,8 @@ def test_triton_gpu_shift_and_redo_launches(head_dim: int):
 def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
     """na_gluon's pipelined shift launch against the fp32 reference, within the Triton shift launch's
     bound, on walks of 1 to many blocks, dilation,
-    causal axes, strided windows, partial tiles, loose-bound tiles handed to the online launch (q x 60)
-    and a negative scale."""
+    causal axes, strided windows, partial tiles, blocks inside every window of their tile (no window
+    test), loose-bound tiles handed to the online launch (q x 60) and a negative scale."""
     import dataclasses
 
     from xbackend.kernels import na_triton
@@ -776,7 +776,10 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
              ((21, 30, 22), (5, 7, 3), (2, 3, 1), (True, False, False), None, None),
              ((9, 20, 24), (3, 9, 9), (1, 1, 1), (False,) * 3, (1, 3, 3), None),
              ((4, 8, 8), (3, 3, 3), (1, 1, 1), (False,) * 3, None, -0.05),
-             ((2, 8, 4), (1, 1, 1), (1, 1, 1), (False,) * 3, None, None)]
+             ((2, 8, 4), (1, 1, 1), (1, 1, 1), (False,) * 3, None, None),
+             # half of the blocks lie in every window of their tile (the unmasked branch), and causal
+             ((10, 24, 24), (8, 16, 16), (1, 1, 1), (False,) * 3, None, None),
+             ((10, 24, 24), (8, 16, 16), (1, 1, 1), (True, False, False), None, -0.1)]
     for spatial, kernel, dil, causal, stride, scale in cases:
         for q_scale in (1.0, 60.0):
             q, k, v = make_qkv(spatial, 3, head_dim, torch.float32, seed=31, device="cuda", batch=2)
@@ -788,6 +791,30 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
             assert na_triton.na_gluon.gluon_supports(head_dim, cfg.q_tile, cfg.kv_tile), cfg
             got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
             assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, rel_err(got, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_gpu_unmasked_blocks_bit_identical(head_dim: int, monkeypatch):
+    """Skipping the window test for blocks inside every window of the tile changes no bit, and every
+    schedule option gives the same output as the shipped one to the last bit."""
+    import dataclasses
+
+    from xbackend.kernels import na_gluon, na_triton
+
+    spatial, kernel = (10, 24, 24), (8, 16, 16)
+    q, k, v = make_qkv(spatial, 2, head_dim, torch.bfloat16, seed=32, device="cuda")
+    cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3), pipelined=True)
+    shipped = dict(na_gluon.OPTIONS[head_dim])
+    outs = []
+    for change in ({}, {"SKIP_MASK": False}, {"Q_REGS": not shipped["Q_REGS"]}, {"DEEP": not shipped["DEEP"]}):
+        monkeypatch.setitem(na_gluon.OPTIONS, head_dim, {**shipped, **change})
+        outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None, config=cfg))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    # The same walk in the same order as na_triton's shift launch.
+    triton_shift = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
+                                                    config=dataclasses.replace(cfg, pipelined=False))
+    assert torch.equal(outs[0], triton_shift), (outs[0].float() - triton_shift.float()).abs().max()
 
 
 @pytest.mark.gpu
