@@ -77,16 +77,17 @@ def test_neighborhood_attention_fused_kernel_on_sm90(rows):
 
 
 def test_strided_neighborhood_attention_compiles_on_sm90():
-    """The catalogue's strided input (stride (2, 4, 8)): its own specialisation of the fused kernel,
+    """The catalogue's strided input (stride (2, 4, 8)): its own specialisations of the fused kernels,
     compiled for sm90 without spills."""
     from xbackend.fleet.catalogue import catalogue
 
     (index,) = [i for i, s in enumerate(catalogue("neighborhood_attention")) if " s2x4x8" in s.label]
     rows = fc.compile_target("h200", simulated("h200"), [_plan("neighborhood_attention", "cuda:na_triton")],
                              shapes=[index])
-    assert len(rows) == 2, rows  # the shift launch and its online launch
+    # head_dim 128: the shift launch is na_gluon's pipelined kernel, its online launch na_triton's.
+    assert [row["kernel"] for row in rows] == ["na_fwd_shift_kernel", "_na_fwd_kernel"], rows
     for row in rows:
-        assert row["status"] == "ok" and row["kernel"] == "_na_fwd_kernel" and row["problem"] == "", row
+        assert row["status"] == "ok" and row["problem"] == "", row
         assert row["spill_bytes"] == 0 and row["registers"] > 0 and "s2x4x8" in row["shape"]
 
 

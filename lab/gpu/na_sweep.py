@@ -47,6 +47,7 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
            ("stages 2", dataclasses.replace(base, num_stages=2)), ("stages 4", dataclasses.replace(base, num_stages=4)),
            ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
            ("shift flipped", dataclasses.replace(base, shift=not base.shift)),
+           ("pipelined flipped", dataclasses.replace(base, pipelined=not base.pipelined)),
            *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON)]
     def tiles(**blocks: int) -> K.NAConfig:
         """The shipped launch (TMA, shift, stages) with choose_config's tiles for other block sizes."""

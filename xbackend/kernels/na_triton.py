@@ -361,11 +361,12 @@ def neighborhood_attention(
     # once otherwise). Without: the online walk alone.
     launches = ([functools.partial(launch, SHIFT=True, REDO=False), functools.partial(launch, SHIFT=False, REDO=True)]
                 if shift else [functools.partial(launch, SHIFT=False, REDO=False)])
-    if (shift and tma and config.pipelined and na_gluon is not None
+    if (shift and tma and config.pipelined and na_gluon is not None and _hopper(q)
             and na_gluon.gluon_supports(head_dim, tq, config.kv_tile)):
+        # The shift launch as na_gluon's pipelined kernel (the same walk: bit for bit its result).
         launches[0] = functools.partial(na_gluon.na_fwd_shift_kernel[grid], *args, HEAD_DIM=head_dim,
                                         SHIFT_MAX=SHIFT_MAX, POS_SCALE=float(scale) > 0, num_warps=4,
-                                        **na_gluon.OPTIONS[head_dim])
+                                        enable_fp_fusion=True, **na_gluon.OPTIONS[head_dim])
     for one in launches:
         if tma and q.is_cuda:
             # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
@@ -374,6 +375,11 @@ def neighborhood_attention(
         else:
             one()
     return out
+
+
+def _hopper(q: torch.Tensor) -> bool:
+    # na_gluon issues wgmma, which is sm90's alone (a meta tensor is a plan for the registry's sm90 device).
+    return q.device.type == "meta" or torch.cuda.get_device_capability(q.device)[0] == 9
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:

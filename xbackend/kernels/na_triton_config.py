@@ -42,6 +42,12 @@ class NAConfig:
 TMA_MIN_HEAD_DIM = 64
 
 
+# na_gluon's pipelined shift launch against na_triton's on the H200 (lab/gpu/na_sweep.py, Triton 3.6):
+# 4-9% less time at head_dim 128 (3-D video, small window, DiffVAE stage-4 tile); at head_dim 64 it
+# holds 2-3 CTAs an SM to na_triton's 4 and takes 5-19% more.
+PIPELINED_HEAD_DIMS = (128,)
+
+
 def tma_pays(spatial: tuple[int, int, int], head_dim: int) -> bool:
     """The measured rule: TMA for 3-D problems (every axis longer than 1) at head_dim >= 64."""
     return head_dim >= TMA_MIN_HEAD_DIM and all(n > 1 for n in spatial)
@@ -164,7 +170,9 @@ def config_for(
     spatial = pad3(tuple(shape[1:-2]), 1)
     cfg = choose_config(spatial, pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1), shape[-1],
                         stride=pad3(tuple(stride or ()), 1), is_causal=pad3(tuple(bool(c) for c in is_causal), False))
-    return dataclasses.replace(cfg, tma=True, shift=True) if tma_pays(spatial, shape[-1]) else cfg
+    if not tma_pays(spatial, shape[-1]):
+        return cfg
+    return dataclasses.replace(cfg, tma=True, shift=True, pipelined=shape[-1] in PIPELINED_HEAD_DIMS)
 
 
 def pad3(t: tuple, fill) -> tuple:
