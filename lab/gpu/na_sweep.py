@@ -34,9 +34,8 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D imag
 
 
 # na_gluon schedule options by variant label: overrides of na_gluon.OPTIONS[head_dim] for the row.
-GLUON = {"pipelined": {}, "pipelined no skip": {"SKIP_MASK": False},
-         "pipelined q regs": {"Q_REGS": True}, "pipelined q smem": {"Q_REGS": False},
-         "pipelined shallow": {"DEEP": False}, "pipelined 168 regs": {"maxnreg": 168}}
+GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": True},
+         "pipelined q smem": {"Q_REGS": False}, "pipelined shallow": {"DEEP": False}}
 
 
 def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
@@ -48,13 +47,14 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
            ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
            ("shift flipped", dataclasses.replace(base, shift=not base.shift)),
            ("pipelined flipped", dataclasses.replace(base, pipelined=not base.pipelined)),
-           *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON)]
+           *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON if label != "pipelined q 128")]
     def tiles(**blocks: int) -> K.NAConfig:
         """The shipped launch (TMA, shift, stages) with choose_config's tiles for other block sizes."""
         pick = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, **blocks)
         return dataclasses.replace(base, q_tile=pick.q_tile, kv_tile=pick.kv_tile, num_warps=pick.num_warps)
 
     wide, tall, narrow = tiles(block_n=128), tiles(block_m=128), tiles(block_n=32)
+    out.append(("pipelined q 128", dataclasses.replace(tall, pipelined=True)))
     out += [("kv 128", wide), ("kv 128 stages 2", dataclasses.replace(wide, num_stages=2)),
             ("q 128 / 8 warps", dataclasses.replace(tall, num_stages=2)),
             ("kv 32", dataclasses.replace(narrow, num_stages=4)), ("kv 32 stages 3", narrow),
@@ -105,8 +105,9 @@ def main() -> None:
             rows.insert(1, ("divides variant", base))
         for label, cfg in rows:
             fn = prev.neighborhood_attention if label == "divides variant" else K.neighborhood_attention
-            if label in GLUON and K.na_gluon is not None:
-                K.na_gluon.OPTIONS[case.dim] = {**shipped_options[case.dim], **GLUON[label]}
+            if K.na_gluon is not None:
+                K.na_gluon.OPTIONS.update({d: dict(o) for d, o in shipped_options.items()})
+                K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
             try:
                 err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")

@@ -766,8 +766,8 @@ def test_triton_gpu_shift_and_redo_launches(head_dim: int):
 def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
     """na_gluon's pipelined shift launch against the fp32 reference, within the Triton shift launch's
     bound, on walks of 1 to many blocks, dilation,
-    causal axes, strided windows, partial tiles, blocks inside every window of their tile (no window
-    test), loose-bound tiles handed to the online launch (q x 60) and a negative scale."""
+    causal axes, strided windows, partial tiles, windows much larger than the tile, loose-bound tiles
+    handed to the online launch (q x 60) and a negative scale; 64- and 128-query tiles."""
     import dataclasses
 
     from xbackend.kernels import na_triton
@@ -777,7 +777,7 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
              ((9, 20, 24), (3, 9, 9), (1, 1, 1), (False,) * 3, (1, 3, 3), None),
              ((4, 8, 8), (3, 3, 3), (1, 1, 1), (False,) * 3, None, -0.05),
              ((2, 8, 4), (1, 1, 1), (1, 1, 1), (False,) * 3, None, None),
-             # half of the blocks lie in every window of their tile (the unmasked branch), and causal
+             # a window much larger than the tile, and causal
              ((10, 24, 24), (8, 16, 16), (1, 1, 1), (False,) * 3, None, None),
              ((10, 24, 24), (8, 16, 16), (1, 1, 1), (True, False, False), None, -0.1)]
     for spatial, kernel, dil, causal, stride, scale in cases:
@@ -787,17 +787,20 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
             ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal, scale, stride=stride)
             base = na_triton.config_for(q.shape, kernel, dil, causal, stride)
             assert base.shift and base.tma
-            cfg = dataclasses.replace(base, pipelined=True)
-            assert na_triton.na_gluon.gluon_supports(head_dim, cfg.q_tile, cfg.kv_tile), cfg
-            got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
-            assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, rel_err(got, ref))
+            tall = na_triton.choose_config(spatial, kernel, dil, head_dim, block_m=128, stride=stride or (1, 1, 1),
+                                           is_causal=causal)
+            for cfg in (dataclasses.replace(base, pipelined=True),
+                        dataclasses.replace(base, pipelined=True, q_tile=tall.q_tile, kv_tile=tall.kv_tile)):
+                assert na_triton.na_gluon.gluon_supports(head_dim, cfg.q_tile, cfg.kv_tile), cfg
+                got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
+                assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, cfg.q_tile, rel_err(got, ref))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gluon_gpu_unmasked_blocks_bit_identical(head_dim: int, monkeypatch):
-    """Skipping the window test for blocks inside every window of the tile changes no bit, and every
-    schedule option gives the same output as the shipped one to the last bit."""
+def test_gluon_gpu_schedules_bit_identical(head_dim: int, monkeypatch):
+    """Every schedule option of the pipelined kernel gives the shipped option's output to the last bit,
+    and that is na_triton's shift launch's output."""
     import dataclasses
 
     from xbackend.kernels import na_gluon, na_triton
@@ -807,7 +810,7 @@ def test_gluon_gpu_unmasked_blocks_bit_identical(head_dim: int, monkeypatch):
     cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3), pipelined=True)
     shipped = dict(na_gluon.OPTIONS[head_dim])
     outs = []
-    for change in ({}, {"SKIP_MASK": False}, {"Q_REGS": not shipped["Q_REGS"]}, {"DEEP": not shipped["DEEP"]}):
+    for change in ({}, {"Q_REGS": not shipped["Q_REGS"]}, {"DEEP": not shipped["DEEP"]}):
         monkeypatch.setitem(na_gluon.OPTIONS, head_dim, {**shipped, **change})
         outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None, config=cfg))
     assert all(torch.equal(outs[0], o) for o in outs[1:])

@@ -44,8 +44,7 @@ _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_globa
 
 GLUON_HEAD_DIMS = (64, 128)
 # The kernel's schedule options per head_dim (constexprs of na_fwd_shift_kernel).
-OPTIONS = {64: {"Q_REGS": False, "DEEP": True, "SKIP_MASK": True},
-           128: {"Q_REGS": True, "DEEP": True, "SKIP_MASK": True}}
+OPTIONS = {64: {"Q_REGS": False, "DEEP": True}, 128: {"Q_REGS": True, "DEEP": True}}
 # K is needed at the top of a trip (q.k), V in its middle (p.v), so K is refilled further ahead:
 # three buffers of each keep 2 CTAs per SM at head_dim 128 (6 x 16 KiB + 16 KiB of q = 112 KiB a CTA).
 K_BUFFERS = gl.constexpr(3)
@@ -60,36 +59,19 @@ def _row_layout(head_dim, num_warps):
 
 
 @gluon.jit
-def _probs(s, inner, m_i, qk_scale, c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+def _probs(s, m_i, qk_scale, c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
            TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
            CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr):
     """exp2 of the block's scores shifted by the row bound, 0 outside each query's window (fp32)."""
-    if inner:
-        # Every key of the block is in every query's window: no window test (a uniform branch).
-        p = gl.exp2(s * qk_scale - m_i[:, None])
+    ok = axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
+    ok = ok & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
+    ok = ok & axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
+    if POS_SCALE:
+        # The scale rides in the exponent's FMA; a masked -inf stays -inf.
+        return gl.exp2(gl.where(ok, s, float("-inf")) * qk_scale - m_i[:, None])
     else:
-        ok = axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
-        ok = ok & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
-        ok = ok & axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
-        if POS_SCALE:
-            # The scale rides in the exponent's FMA; a masked -inf stays -inf.
-            p = gl.exp2(gl.where(ok, s, float("-inf")) * qk_scale - m_i[:, None])
-        else:
-            # scale <= 0: scaled before the mask (-inf * 0 would be NaN, a negative scale would flip it).
-            p = gl.exp2(gl.where(ok, s * qk_scale, float("-inf")) - m_i[:, None])
-    return p
-
-
-@gluon.jit
-def _inner(c0, c1, c2, inner_box, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, SKIP_MASK: gl.constexpr):
-    """Whether the block at (c0, c1, c2) lies in every window of the tile: window bounds are monotone in
-    the query, so per axis it is inside [start of the last query, end of the first query)."""
-    if SKIP_MASK:
-        lo0, lo1, lo2, hi0, hi1, hi2 = inner_box
-        return ((c0 >= lo0) & (c0 + TK0 <= hi0) & (c1 >= lo1) & (c1 + TK1 <= hi1)
-                & (c2 >= lo2) & (c2 + TK2 <= hi2))
-    else:
-        return False
+        # scale <= 0: scaled before the mask (-inf * 0 would be NaN, a negative scale would flip it).
+        return gl.exp2(gl.where(ok, s * qk_scale, float("-inf")) - m_i[:, None])
 
 
 @gluon.jit
@@ -102,18 +84,17 @@ def _load_kv(desc, bufs, bars, slot, c0, c1, c2, pred, NBYTES: gl.constexpr):
 @gluon.jit
 def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, kc0, kc1, kc2, vc0, vc1, vc2, q_op, k_bufs, v_bufs, k_bars, v_bars,
           k_desc, v_desc, s_zero, m_i, qk_scale, n_blocks, lo1, lo2, end1, end2, n0, n1, n2,
-          qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, inner_box,
+          qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
           TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
           CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr,
-          HEAD_DIM: gl.constexpr, NBYTES: gl.constexpr, p_layout: gl.constexpr, DEEP: gl.constexpr,
-          SKIP_MASK: gl.constexpr):
+          HEAD_DIM: gl.constexpr, NBYTES: gl.constexpr, p_layout: gl.constexpr, DEEP: gl.constexpr):
     """One trip of the KV walk: block j's scores ``s`` are in registers, block j - 1's p.v may still run."""
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
     ks_ = (j + 1) % K_BUFFERS
     mbarrier.wait(k_bars.index(ks_), ((j + 1) // K_BUFFERS) & 1)
     s_next = warpgroup_mma(q_op, k_bufs.index(ks_).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                            use_acc=False, is_async=True)
-    p = _probs(s, _inner(c0, c1, c2, inner_box, TK0, TK1, TK2, SKIP_MASK), m_i, qk_scale, c0, c1, c2,
+    p = _probs(s, m_i, qk_scale, c0, c1, c2,
                n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
                TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
     l_i = l_i + gl.sum(p, 1)
@@ -158,7 +139,6 @@ def na_fwd_shift_kernel(
     POS_SCALE: gl.constexpr,
     Q_REGS: gl.constexpr,  # q.k's A operand (q) from registers instead of shared memory
     DEEP: gl.constexpr,  # leave a trip's p.v in flight through the next trip (two P register sets)
-    SKIP_MASK: gl.constexpr,  # no window test for blocks inside every window of the tile
     num_warps: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = TQ0 * TQ1 * TQ2
@@ -205,10 +185,6 @@ def na_fwd_shift_kernel(
     hi0 = win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
     hi1 = win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
     hi2 = win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
-    # Keys in every window of the tile: from the last query's start to the first query's end.
-    inner_box = (win_start(z0, N0, KS0, STRIDE0, CAUSAL0), win_start(z1, N1, KS1, STRIDE1, CAUSAL1),
-                 win_start(z2, N2, KS2, STRIDE2, CAUSAL2), win_end(a0, N0, KS0, STRIDE0, CAUSAL0),
-                 win_end(a1, N1, KS1, STRIDE1, CAUSAL1), win_end(a2, N2, KS2, STRIDE2, CAUSAL2))
     nb1 = gl.cdiv(hi1 - lo1, TK1)
     nb2 = gl.cdiv(hi2 - lo2, TK2)
     n_blocks = gl.where(live, gl.cdiv(hi0 - lo0, TK0) * nb1 * nb2, 0)
@@ -310,21 +286,21 @@ def na_fwd_shift_kernel(
             s, p_prev, acc, l_i, c0, c1, c2, kc0, kc1, kc2, vc0, vc1, vc2 = _trip(
                 2 * jj, s, p_prev, acc, l_i, c0, c1, c2, kc0, kc1, kc2, vc0, vc1, vc2, q_op, k_bufs, v_bufs, k_bars,
                 v_bars, k_desc, v_desc, s_zero, m_i, qk_scale, n_blocks, lo1, lo2, end1, end2, n0, n1, n2,
-                qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, inner_box, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2,
-                POS_SCALE, HEAD_DIM, NBYTES, p_layout, DEEP, SKIP_MASK)
+                qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2,
+                POS_SCALE, HEAD_DIM, NBYTES, p_layout, DEEP)
             s, p_prev, acc, l_i, c0, c1, c2, kc0, kc1, kc2, vc0, vc1, vc2 = _trip(
                 2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, kc0, kc1, kc2, vc0, vc1, vc2, q_op, k_bufs, v_bufs,
                 k_bars, v_bars, k_desc, v_desc, s_zero, m_i, qk_scale, n_blocks, lo1, lo2, end1, end2, n0, n1, n2,
-                qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, inner_box, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2,
-                POS_SCALE, HEAD_DIM, NBYTES, p_layout, DEEP, SKIP_MASK)
+                qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2,
+                POS_SCALE, HEAD_DIM, NBYTES, p_layout, DEEP)
         if (n_blocks - 1) % 2 == 1:
             s, p_prev, acc, l_i, c0, c1, c2, kc0, kc1, kc2, vc0, vc1, vc2 = _trip(
                 n_blocks - 2, s, p_prev, acc, l_i, c0, c1, c2, kc0, kc1, kc2, vc0, vc1, vc2, q_op, k_bufs, v_bufs,
                 k_bars, v_bars, k_desc, v_desc, s_zero, m_i, qk_scale, n_blocks, lo1, lo2, end1, end2, n0, n1, n2,
-                qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, inner_box, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2,
-                POS_SCALE, HEAD_DIM, NBYTES, p_layout, DEEP, SKIP_MASK)
+                qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2,
+                POS_SCALE, HEAD_DIM, NBYTES, p_layout, DEEP)
         last = n_blocks - 1
-        p = _probs(s, _inner(c0, c1, c2, inner_box, TK0, TK1, TK2, SKIP_MASK), m_i, qk_scale, c0, c1, c2,
+        p = _probs(s, m_i, qk_scale, c0, c1, c2,
                    n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
                    TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
         l_i = l_i + gl.sum(p, 1)
@@ -358,6 +334,11 @@ def na_fwd_shift_kernel(
 
 
 def gluon_supports(head_dim: int, q_tile: tuple[int, int, int], kv_tile: tuple[int, int, int]) -> bool:
-    """The shapes the kernel is written for: 64-query tiles, 64-key blocks, head_dim 64 or 128."""
+    """The shapes the kernel is written for: 64- or 128-query tiles (one warpgroup per 64 queries),
+    64-key blocks, head_dim 64 or 128."""
     return (head_dim in GLUON_HEAD_DIMS
-            and q_tile[0] * q_tile[1] * q_tile[2] == 64 and kv_tile[0] * kv_tile[1] * kv_tile[2] == 64)
+            and q_tile[0] * q_tile[1] * q_tile[2] in (64, 128) and kv_tile[0] * kv_tile[1] * kv_tile[2] == 64)
+
+
+def num_warps(q_tile: tuple[int, int, int]) -> int:
+    return q_tile[0] * q_tile[1] * q_tile[2] // 16

@@ -365,7 +365,7 @@ def neighborhood_attention(
             and na_gluon.gluon_supports(head_dim, tq, config.kv_tile)):
         # The shift launch as na_gluon's pipelined kernel (the same walk: bit for bit its result).
         launches[0] = functools.partial(na_gluon.na_fwd_shift_kernel[grid], *args, HEAD_DIM=head_dim,
-                                        SHIFT_MAX=SHIFT_MAX, POS_SCALE=float(scale) > 0, num_warps=4,
+                                        SHIFT_MAX=SHIFT_MAX, POS_SCALE=float(scale) > 0, num_warps=na_gluon.num_warps(tq),
                                         enable_fp_fusion=True, **na_gluon.OPTIONS[head_dim])
     for one in launches:
         if tma and q.is_cuda:
