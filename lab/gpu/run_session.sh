@@ -33,6 +33,7 @@ for s in "$@"; do
     sweepshift) step na_sweep_shift 200 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,2d,hd64 --only "shipped,shift flipped" ;;
     gluon) step gluon_tests 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_na_kernels.py -m gpu -k "gluon or shift" ;
            step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
+    gsweep) step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
     nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;
     decode2) step diffvae_2gpu 420 torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock --phases ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
