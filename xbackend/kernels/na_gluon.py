@@ -35,7 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from xbackend.kernels.na_triton_blocks import axis_ok, next_block, win_end, win_start
 
-__all__ = ["GLUON_HEAD_DIMS", "K_BUFFERS", "OPTIONS", "V_BUFFERS", "gluon_supports", "na_fwd_shift_kernel"]
+__all__ = ["GLUON_HEAD_DIMS", "K_BUFFERS", "OPTIONS", "STRIDED_OPTIONS", "V_BUFFERS", "gluon_supports",
+           "na_fwd_shift_kernel", "num_warps", "options"]
 
 # The TMA copies' names: async_load / async_store from Triton 3.7 (3.9 has only these), the
 # async_copy_* spelling before (Triton 3.6, the H200 device's).
@@ -45,6 +46,14 @@ _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_globa
 GLUON_HEAD_DIMS = (64, 128)
 # The kernel's schedule options per head_dim (constexprs of na_fwd_shift_kernel).
 OPTIONS = {64: {"Q_REGS": False, "DEEP": True}, 128: {"Q_REGS": True, "DEEP": True}}
+# Strided windows keep q in shared memory: with q in registers Triton 3.9 spills 40 B a thread at the
+# video case, stride (2, 4, 8) (255 registers; Triton 3.6 fits it in 222).
+STRIDED_OPTIONS = {"Q_REGS": False}
+
+
+def options(head_dim: int, stride: tuple[int, ...]) -> dict[str, bool]:
+    """The schedule constexprs for a launch: ``OPTIONS`` by head_dim, ``STRIDED_OPTIONS`` over them."""
+    return {**OPTIONS[head_dim], **(STRIDED_OPTIONS if any(s > 1 for s in stride) else {})}
 # K is needed at the top of a trip (q.k), V in its middle (p.v), so K is refilled further ahead:
 # three buffers of each keep 2 CTAs per SM at head_dim 128 (6 x 16 KiB + 16 KiB of q = 112 KiB a CTA).
 K_BUFFERS = gl.constexpr(3)

@@ -366,7 +366,7 @@ def neighborhood_attention(
         # The shift launch as na_gluon's pipelined kernel (the same walk: bit for bit its result).
         launches[0] = functools.partial(na_gluon.na_fwd_shift_kernel[grid], *args, HEAD_DIM=head_dim,
                                         SHIFT_MAX=SHIFT_MAX, POS_SCALE=float(scale) > 0, num_warps=na_gluon.num_warps(tq),
-                                        enable_fp_fusion=True, **na_gluon.OPTIONS[head_dim])
+                                        enable_fp_fusion=True, **na_gluon.options(head_dim, st))
     for one in launches:
         if tma and q.is_cuda:
             # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
@@ -379,7 +379,8 @@ def neighborhood_attention(
 
 def _hopper(q: torch.Tensor) -> bool:
     # na_gluon issues wgmma, which is sm90's alone (a meta tensor is a plan for the registry's sm90 device).
-    return q.device.type == "meta" or torch.cuda.get_device_capability(q.device)[0] == 9
+    # The interpreter's CPU tensors take na_triton's shift launch.
+    return q.device.type == "meta" or (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
