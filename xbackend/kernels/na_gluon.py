@@ -3,8 +3,8 @@
 The Triton kernel's KV loop is latency-bound on the H200 (Nsight Compute: issue slots 47% busy, 0.69
 eligible warps of 2 per scheduler): every wgmma is waited for right after it is issued, so the softmax
 never overlaps the tensor cores inside a CTA. Here the wgmmas are asynchronous and waited for in an
-order of our choosing (the intra-warpgroup overlap of flash-attention 3), one warpgroup per 64-query
-tile, two CTAs per SM:
+order of our choosing (the intra-warpgroup overlap of flash-attention 3), one warpgroup per 64 queries
+of the tile (64-query tiles: two CTAs per SM at head_dim 128):
 
     trip j (S_j, the scores of block j, in registers):
         issue S_{j+1} = q . K_{j+1}^T                      tensor cores
@@ -17,7 +17,8 @@ It is only the shift walk (``NAConfig.shift``): with every row's exponent shifte
 bound there is no row max and no accumulator rescale, so nothing in a trip waits on P V. Tiles whose
 bound is too loose set their flag and walk nothing, exactly as in na_triton's shift launch; its online
 (REDO) launch then runs for them. Same grid, arguments and window rules as ``_na_fwd_kernel``; it needs
-TMA tiles (``tma_layout_ok``), head_dim 64 or 128, bf16, 64-query tiles and 64-key blocks.
+TMA tiles (``tma_layout_ok``), head_dim 64 or 128, bf16, 64- or 128-query tiles and 64-key blocks, and
+sm90 (wgmma). The outputs are na_triton's shift launch's, bit for bit (tests/kernels/test_na_kernels.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ STRIDED_OPTIONS = {"Q_REGS": False}
 def options(head_dim: int, stride: tuple[int, ...]) -> dict[str, bool]:
     """The schedule constexprs for a launch: ``OPTIONS`` by head_dim, ``STRIDED_OPTIONS`` over them."""
     return {**OPTIONS[head_dim], **(STRIDED_OPTIONS if any(s > 1 for s in stride) else {})}
+
+
 # K is needed at the top of a trip (q.k), V in its middle (p.v), so K is refilled further ahead:
 # three buffers of each keep 2 CTAs per SM at head_dim 128 (6 x 16 KiB + 16 KiB of q = 112 KiB a CTA).
 K_BUFFERS = gl.constexpr(3)

@@ -25,6 +25,10 @@ fp32; bf16/fp16 operands on the tensor cores.
   2-9% less time on the H200's 3-D cases, more time on 2-D ones). A tile with a looser bound (large
   activations) walks nothing in that launch and sets its flag; a second launch runs the online walk
   for exactly the flagged tiles, the others exiting at once.
+* Pipelined shift launch (``NAConfig.pipelined``, set by ``config_for`` at head_dim 128 on sm90): the
+  shift launch runs as ``na_gluon``'s Gluon kernel, the same walk with its wgmmas asynchronous (the
+  next block's q.k in flight during this block's softmax, p.v in flight through the next trip) and q
+  in registers; bit for bit this kernel's shift launch. The online launch stays this kernel's.
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
   program works on one group: stride times ``d``, base offset ``g``, group length
   ``ceil((L - g) / d)``.
