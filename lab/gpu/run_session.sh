@@ -34,6 +34,8 @@ for s in "$@"; do
     gluon) step gluon_tests 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_na_kernels.py -m gpu -k "gluon or shift" ;
            step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
     gsweep) step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
+    gsweepv) step na_sweep_gluon_q128 120 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,pipelined flipped,pipelined q 128" ;;
+    nasolps) step na_sol 240 python3 benchmarks/na_sol.py --cases plain,strided --out "$OUT/na_sol.json" ;;
     nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;
     decode2) step diffvae_2gpu 420 torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock --phases ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
