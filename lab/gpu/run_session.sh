@@ -37,6 +37,7 @@ for s in "$@"; do
     gsweepv) step na_sweep_gluon_q128 120 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,pipelined flipped,pipelined q 128" ;;
     nasolps) step na_sol 240 python3 benchmarks/na_sol.py --cases plain,strided --out "$OUT/na_sol.json" ;;
     nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;
+    nancug) KERNEL=na_fwd_shift step na_ncu_gluon 200 bash lab/gpu/na_ncu.sh video ;;
     decode2) step diffvae_2gpu 420 torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock --phases ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;
