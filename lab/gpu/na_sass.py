@@ -114,6 +114,8 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=None)
     ap.add_argument("--no-tma", action="store_true")
     ap.add_argument("--shift", action="store_true", help="NAConfig.shift (the loop this counts is the first found)")
+    ap.add_argument("--pipelined", action="store_true",
+                    help="NAConfig.pipelined (with --shift): na_gluon's kernel, whose loop body holds two trips")
     ap.add_argument("--dump", default=None, help="write the whole SASS here")
     a = ap.parse_args()
     spatial, heads, dim, kernel = CASES[a.case]
@@ -125,7 +127,7 @@ def main() -> None:
 
     cfg = K.NAConfig(tup(a.q_tile) if a.q_tile else cfg.q_tile, tup(a.kv_tile) if a.kv_tile else cfg.kv_tile,
                      a.warps or cfg.num_warps, a.stages or cfg.num_stages, tma=cfg.tma and not a.no_tma,
-                     shift=a.shift)
+                     shift=a.shift or a.pipelined, pipelined=a.pipelined)
     sass = sass_of(a.case, cfg)
     if a.dump:
         Path(a.dump).write_text(sass)

@@ -35,7 +35,11 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D imag
 
 # na_gluon schedule options by variant label: overrides of na_gluon.OPTIONS[head_dim] for the row.
 GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": True},
-         "pipelined q smem": {"Q_REGS": False}, "pipelined shallow": {"DEEP": False}}
+         "pipelined q smem": {"Q_REGS": False}, "pipelined shallow": {"DEEP": False},
+         "ws q 128": {}, "ws q 128 q regs": {"Q_REGS": True}, "ws q 128 q smem": {"Q_REGS": False},
+         "ws q 128 shallow": {"DEEP": False}}
+# 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
+TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
 
 
 def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
@@ -47,14 +51,14 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
            ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
            ("shift flipped", dataclasses.replace(base, shift=not base.shift)),
            ("pipelined flipped", dataclasses.replace(base, pipelined=not base.pipelined)),
-           *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON if label != "pipelined q 128")]
+           *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON if label not in TALL)]
     def tiles(**blocks: int) -> K.NAConfig:
         """The shipped launch (TMA, shift, stages) with choose_config's tiles for other block sizes."""
         pick = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, **blocks)
         return dataclasses.replace(base, q_tile=pick.q_tile, kv_tile=pick.kv_tile, num_warps=pick.num_warps)
 
     wide, tall, narrow = tiles(block_n=128), tiles(block_m=128), tiles(block_n=32)
-    out.append(("pipelined q 128", dataclasses.replace(tall, pipelined=True)))
+    out += [(label, dataclasses.replace(tall, pipelined=True)) for label in TALL]
     out += [("kv 128", wide), ("kv 128 stages 2", dataclasses.replace(wide, num_stages=2)),
             ("q 128 / 8 warps", dataclasses.replace(tall, num_stages=2)),
             ("kv 32", dataclasses.replace(narrow, num_stages=4)), ("kv 32 stages 3", narrow),
@@ -108,6 +112,7 @@ def main() -> None:
             if K.na_gluon is not None:
                 K.na_gluon.OPTIONS.update({d: dict(o) for d, o in shipped_options.items()})
                 K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
+            K.WARP_SPECIALIZED = label.startswith("ws ")
             try:
                 err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")

@@ -763,11 +763,12 @@ def test_triton_gpu_shift_and_redo_launches(head_dim: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
-    """na_gluon's pipelined shift launch against the fp32 reference, within the Triton shift launch's
+def test_gluon_gpu_pipelined_shift_launch(head_dim: int, monkeypatch):
+    """The pipelined shift launches against the fp32 reference, within the Triton shift launch's
     bound, on walks of 1 to many blocks, dilation,
     causal axes, strided windows, partial tiles, windows much larger than the tile, loose-bound tiles
-    handed to the online launch (q x 60) and a negative scale; 64- and 128-query tiles."""
+    handed to the online launch (q x 60) and a negative scale: na_gluon at 64- and 128-query tiles,
+    na_gluon_ws (warp-specialized) at 128."""
     import dataclasses
 
     from xbackend.kernels import na_triton
@@ -789,11 +790,13 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int):
             assert base.shift and base.tma
             tall = na_triton.choose_config(spatial, kernel, dil, head_dim, block_m=128, stride=stride or (1, 1, 1),
                                            is_causal=causal)
-            for cfg in (dataclasses.replace(base, pipelined=True),
-                        dataclasses.replace(base, pipelined=True, q_tile=tall.q_tile, kv_tile=tall.kv_tile)):
+            tall = dataclasses.replace(base, pipelined=True, q_tile=tall.q_tile, kv_tile=tall.kv_tile)
+            # 64-query tiles; 128-query tiles warp-specialized and as one 8-warp program.
+            for cfg, ws in ((dataclasses.replace(base, pipelined=True), False), (tall, True), (tall, False)):
                 assert na_triton.na_gluon.gluon_supports(head_dim, cfg.q_tile, cfg.kv_tile), cfg
+                monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", ws)
                 got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
-                assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, cfg.q_tile, rel_err(got, ref))
+                assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, cfg.q_tile, ws, rel_err(got, ref))
 
 
 @pytest.mark.gpu
@@ -818,6 +821,34 @@ def test_gluon_gpu_schedules_bit_identical(head_dim: int, monkeypatch):
     triton_shift = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
                                                     config=dataclasses.replace(cfg, pipelined=False))
     assert torch.equal(outs[0], triton_shift), (outs[0].float() - triton_shift.float()).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_gpu_warp_specialized_bit_identical(head_dim: int, monkeypatch):
+    """At 128-query tiles the warp-specialized kernel gives na_gluon's 8-warp kernel's output and
+    na_triton's shift launch's, to the last bit (the same walk per query row), with and without
+    loose-bound tiles (q x 60, left to the online launch)."""
+    import dataclasses
+
+    from xbackend.kernels import na_triton
+
+    for spatial, kernel in (((10, 24, 24), (8, 16, 16)), ((7, 20, 28), (5, 9, 11))):
+        for q_scale in (1.0, 60.0):
+            q, k, v = make_qkv(spatial, 2, head_dim, torch.float32, seed=33, device="cuda")
+            q, k, v = (q * q_scale).bfloat16(), k.bfloat16(), v.bfloat16()
+            tall = na_triton.choose_config(spatial, kernel, (1,) * 3, head_dim, block_m=128)
+            cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3),
+                                      q_tile=tall.q_tile, kv_tile=tall.kv_tile, pipelined=True)
+            outs = []
+            for ws in (True, False):
+                monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", ws)
+                outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
+                                                             config=cfg))
+            outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
+                                                         config=dataclasses.replace(cfg, pipelined=False)))
+            for o in outs[1:]:
+                assert torch.equal(outs[0], o), (spatial, q_scale, (outs[0].float() - o.float()).abs().max())
 
 
 @pytest.mark.gpu

@@ -70,9 +70,9 @@ import triton.language as tl
 from xbackend.kernels.na_triton_blocks import kv_loop, win_end, win_start
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
-    from xbackend.kernels import na_gluon
+    from xbackend.kernels import na_gluon, na_gluon_ws
 except ImportError:  # pragma: no cover - older Triton: the shift launch stays na_triton's
-    na_gluon = None
+    na_gluon = na_gluon_ws = None
 from xbackend.kernels.na_triton_config import NAConfig, choose_config, config_for, leader_span, pad3, visited_pairs
 
 __all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "config_for", "leader_span", "neighborhood_attention", "supports",
@@ -365,12 +365,14 @@ def neighborhood_attention(
     # once otherwise). Without: the online walk alone.
     launches = ([functools.partial(launch, SHIFT=True, REDO=False), functools.partial(launch, SHIFT=False, REDO=True)]
                 if shift else [functools.partial(launch, SHIFT=False, REDO=False)])
-    if (shift and tma and config.pipelined and na_gluon is not None and _hopper(q)
-            and na_gluon.gluon_supports(head_dim, tq, config.kv_tile)):
-        # The shift launch as na_gluon's pipelined kernel (the same walk: bit for bit its result).
-        launches[0] = functools.partial(na_gluon.na_fwd_shift_kernel[grid], *args, HEAD_DIM=head_dim,
-                                        SHIFT_MAX=SHIFT_MAX, POS_SCALE=float(scale) > 0, num_warps=na_gluon.num_warps(tq),
-                                        enable_fp_fusion=True, **na_gluon.options(head_dim, st))
+    if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
+        # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
+        pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile)
+        if pipelined is not None:
+            kernel, warps = pipelined
+            launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
+                                            POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
+                                            **na_gluon.options(head_dim, st))
     for one in launches:
         if tma and q.is_cuda:
             # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
@@ -379,6 +381,20 @@ def neighborhood_attention(
         else:
             one()
     return out
+
+
+# 128-query tiles take the warp-specialized kernel (two consumer warpgroups, a load warp) when this
+# is set, else na_gluon's 8-warp kernel (lab/gpu/na_sweep.py compares them).
+WARP_SPECIALIZED = True
+
+
+def _pipelined_kernel(head_dim: int, q_tile: tuple[int, int, int], kv_tile: tuple[int, int, int]):
+    """The Gluon kernel and warp count for a pipelined shift launch at this shape, or None."""
+    if WARP_SPECIALIZED and na_gluon_ws.ws_supports(head_dim, q_tile, kv_tile):
+        return na_gluon_ws.na_fwd_ws_kernel, 4
+    if na_gluon.gluon_supports(head_dim, q_tile, kv_tile):
+        return na_gluon.na_fwd_shift_kernel, na_gluon.num_warps(q_tile)
+    return None
 
 
 def _hopper(q: torch.Tensor) -> bool:
