@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from xbackend.kernels.na_triton_blocks import axis_ok, next_block, win_end, win_start
+from xbackend.kernels.na_triton_blocks import axis_ok, box_walk, next_block, tile_box, win_end, win_start
 
 __all__ = ["GLUON_HEAD_DIMS", "K_BUFFERS", "OPTIONS", "STRIDED_OPTIONS", "V_BUFFERS", "gluon_supports",
            "na_fwd_shift_kernel", "num_warps", "options"]
@@ -173,35 +173,10 @@ def na_fwd_shift_kernel(
     flat_pid = pid_t + gl.num_programs(0) * (pid_bh + gl.num_programs(1) * pid_g)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    g2 = pid_g % DIL2
-    g1 = (pid_g // DIL2) % DIL1
-    g0 = pid_g // (DIL1 * DIL2)
-    N0 = (L0 - g0 + DIL0 - 1) // DIL0
-    N1 = (L1 - g1 + DIL1 - 1) // DIL1
-    N2 = (L2 - g2 + DIL2 - 1) // DIL2
-    nt1 = gl.cdiv(N1, TQ1)
-    nt2 = gl.cdiv(N2, TQ2)
-    live = pid_t < gl.cdiv(N0, TQ0) * nt1 * nt2
-    t2 = pid_t % nt2
-    t1 = (pid_t // nt2) % nt1
-    t0 = pid_t // (nt1 * nt2)
-    a0 = t0 * TQ0
-    a1 = t1 * TQ1
-    a2 = t2 * TQ2
-    z0 = gl.minimum(a0 + TQ0, N0) - 1
-    z1 = gl.minimum(a1 + TQ1, N1) - 1
-    z2 = gl.minimum(a2 + TQ2, N2) - 1
-    lo0 = win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
-    lo1 = win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
-    lo2 = win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
-    hi0 = win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
-    hi1 = win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
-    hi2 = win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
-    nb1 = gl.cdiv(hi1 - lo1, TK1)
-    nb2 = gl.cdiv(hi2 - lo2, TK2)
-    n_blocks = gl.where(live, gl.cdiv(hi0 - lo0, TK0) * nb1 * nb2, 0)
-    end1 = lo1 + nb1 * TK1
-    end2 = lo2 + nb2 * TK2
+    g0, g1, g2, N0, N1, N2, live, a0, a1, a2, lo0, lo1, lo2, hi0, hi1, hi2 = tile_box(
+        pid_t, pid_g, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1, DIL2, CAUSAL0, CAUSAL1, CAUSAL2,
+        STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2)
+    n_blocks, end1, end2 = box_walk(lo0, lo1, lo2, hi0, hi1, hi2, live, TK0, TK1, TK2)
 
     b64 = b.to(gl.int64)
     h64 = h.to(gl.int64)

@@ -67,7 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xbackend.kernels.na_triton_blocks import kv_loop, win_end, win_start
+from xbackend.kernels.na_triton_blocks import box_walk, kv_loop, tile_box, win_end, win_start
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
     from xbackend.kernels import na_gluon, na_gluon_ws
@@ -126,34 +126,9 @@ def _na_fwd_kernel(
             return
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    g2 = pid_g % DIL2
-    g1 = (pid_g // DIL2) % DIL1
-    g0 = pid_g // (DIL1 * DIL2)
-    # This dilation group's length along each axis.
-    N0 = (L0 - g0 + DIL0 - 1) // DIL0
-    N1 = (L1 - g1 + DIL1 - 1) // DIL1
-    N2 = (L2 - g2 + DIL2 - 1) // DIL2
-    nt1 = tl.cdiv(N1, TQ1)
-    nt2 = tl.cdiv(N2, TQ2)
-    # The grid is sized for group 0 (the longest); shorter groups have fewer tiles, whose programs
-    # walk zero KV blocks and store nothing.
-    live = pid_t < tl.cdiv(N0, TQ0) * nt1 * nt2
-    t2 = pid_t % nt2
-    t1 = (pid_t // nt2) % nt1
-    t0 = pid_t // (nt1 * nt2)
-    a0 = t0 * TQ0
-    a1 = t1 * TQ1
-    a2 = t2 * TQ2
-    z0 = tl.minimum(a0 + TQ0, N0) - 1
-    z1 = tl.minimum(a1 + TQ1, N1) - 1
-    z2 = tl.minimum(a2 + TQ2, N2) - 1
-    # Key box = union of the tile's windows.
-    lo0 = win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
-    lo1 = win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
-    lo2 = win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
-    hi0 = win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
-    hi1 = win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
-    hi2 = win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
+    g0, g1, g2, N0, N1, N2, live, a0, a1, a2, lo0, lo1, lo2, hi0, hi1, hi2 = tile_box(
+        pid_t, pid_g, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1, DIL2, CAUSAL0, CAUSAL1, CAUSAL2,
+        STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2)
 
     offs_m = tl.arange(0, BLOCK_M)
     m0 = a0 + offs_m // (TQ1 * TQ2)
@@ -208,11 +183,7 @@ def _na_fwd_kernel(
     n0 = offs_n // (TK1 * TK2)
     n1 = (offs_n // TK2) % TK1
     n2 = offs_n % TK2
-    nb1 = tl.cdiv(hi1 - lo1, TK1)
-    nb2 = tl.cdiv(hi2 - lo2, TK2)
-    n_blocks = tl.where(live, tl.cdiv(hi0 - lo0, TK0) * nb1 * nb2, 0)
-    end1 = lo1 + nb1 * TK1
-    end2 = lo2 + nb2 * TK2
+    n_blocks, end1, end2 = box_walk(lo0, lo1, lo2, hi0, hi1, hi2, live, TK0, TK1, TK2)
     ks0 = DIL0 * sk0
     ks1 = DIL1 * sk1
     ks2 = DIL2 * sk2

@@ -9,7 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["axis_ok", "kv_loop", "leader", "load_block", "next_block", "scores", "win_end", "win_start"]
+__all__ = ["axis_ok", "box_walk", "kv_loop", "leader", "load_block", "next_block", "scores", "tile_box", "win_end",
+           "win_start"]
 
 
 @triton.jit
@@ -42,6 +43,52 @@ def win_end(m, n, ks, S: tl.constexpr, CAUSAL: tl.constexpr):
     else:
         c = leader(m, n, S, CAUSAL)
         return tl.minimum(tl.maximum(c - ks // 2, 0), n - ks) + ks
+
+
+@triton.jit
+def tile_box(pid_t, pid_g, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1, DIL2,
+             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+             STRIDE0: tl.constexpr, STRIDE1: tl.constexpr, STRIDE2: tl.constexpr,
+             TQ0: tl.constexpr, TQ1: tl.constexpr, TQ2: tl.constexpr):
+    """A program's Q tile and key box: its dilation group (g), the group's lengths (N), whether the
+    tile exists in this group (``live``), the tile's first query (a) and the box ``[lo, hi)``, the
+    union of the tile's windows. The grid is sized for group 0 (the longest); shorter groups have
+    fewer tiles, whose programs walk zero KV blocks and store nothing."""
+    g2 = pid_g % DIL2
+    g1 = (pid_g // DIL2) % DIL1
+    g0 = pid_g // (DIL1 * DIL2)
+    N0 = (L0 - g0 + DIL0 - 1) // DIL0
+    N1 = (L1 - g1 + DIL1 - 1) // DIL1
+    N2 = (L2 - g2 + DIL2 - 1) // DIL2
+    nt1 = tl.cdiv(N1, TQ1)
+    nt2 = tl.cdiv(N2, TQ2)
+    live = pid_t < tl.cdiv(N0, TQ0) * nt1 * nt2
+    t2 = pid_t % nt2
+    t1 = (pid_t // nt2) % nt1
+    t0 = pid_t // (nt1 * nt2)
+    a0 = t0 * TQ0
+    a1 = t1 * TQ1
+    a2 = t2 * TQ2
+    z0 = tl.minimum(a0 + TQ0, N0) - 1
+    z1 = tl.minimum(a1 + TQ1, N1) - 1
+    z2 = tl.minimum(a2 + TQ2, N2) - 1
+    lo0 = win_start(a0, N0, KS0, STRIDE0, CAUSAL0)
+    lo1 = win_start(a1, N1, KS1, STRIDE1, CAUSAL1)
+    lo2 = win_start(a2, N2, KS2, STRIDE2, CAUSAL2)
+    hi0 = win_end(z0, N0, KS0, STRIDE0, CAUSAL0)
+    hi1 = win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
+    hi2 = win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
+    return g0, g1, g2, N0, N1, N2, live, a0, a1, a2, lo0, lo1, lo2, hi0, hi1, hi2
+
+
+@triton.jit
+def box_walk(lo0, lo1, lo2, hi0, hi1, hi2, live, TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr):
+    """The box walk's length in KV blocks (0 for a tile that is not live) and the ends of its two
+    inner axes rounded up to whole blocks (``next_block``'s wrap points)."""
+    nb1 = tl.cdiv(hi1 - lo1, TK1)
+    nb2 = tl.cdiv(hi2 - lo2, TK2)
+    n_blocks = tl.where(live, tl.cdiv(hi0 - lo0, TK0) * nb1 * nb2, 0)
+    return n_blocks, lo1 + nb1 * TK1, lo2 + nb2 * TK2
 
 
 @triton.jit
