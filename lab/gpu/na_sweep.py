@@ -3,11 +3,11 @@ config, launch-config neighbours (stages, KV block width, 128-query tiles, TMA o
 the comparison variant with per-trip divides and a separate scale multiply
 (``lab/gpu/na_triton_divides.py``) at the same config.
 
-    python3 lab/gpu/na_sweep.py [--cases video,stage5] [--ncu]
+    python3 lab/gpu/na_sweep.py [--cases video,stage5] [--only LABELS] [--ncu]
 
 Per variant: median ms (do_bench), rate on useful and on computed pairs, error against the fp32
-reference on 1024 queries. ``--ncu`` instead launches the shipped config of each case three times
-(for ``ncu -k regex:_na_fwd --launch-skip 2``).
+reference on 1024 queries. ``--ncu`` instead launches the shipped config of each case (or the first ``--only`` label's) three
+times (for ``ncu -k regex:na_fwd --launch-skip 2``).
 """
 
 from __future__ import annotations
@@ -37,9 +37,13 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D imag
 GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": True},
          "pipelined q smem": {"Q_REGS": False}, "pipelined shallow": {"DEEP": False},
          "ws q 128": {}, "ws q 128 q regs": {"Q_REGS": True}, "ws q 128 q smem": {"Q_REGS": False},
-         "ws q 128 shallow": {"DEEP": False}}
+         "ws q 128 shallow": {"DEEP": False}, "ws q 128 free": {}, "ws q 128 free q smem": {"Q_REGS": False}}
+# na_gluon_ws's own option by variant label (over na_gluon_ws.WS_OPTIONS).
+WS = {"ws q 128 free": {"PINGPONG": False}, "ws q 128 free q smem": {"PINGPONG": False},
+      "ws q 128 shallow": {"PINGPONG": False}}
 # 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
-TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
+TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow", "ws q 128 free",
+        "ws q 128 free q smem")
 
 
 def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
@@ -85,6 +89,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     shipped_options = {d: dict(o) for d, o in K.na_gluon.OPTIONS.items()} if K.na_gluon is not None else {}
+    shipped_ws = dict(K.na_gluon_ws.WS_OPTIONS) if K.na_gluon_ws is not None else {}
     by_name = {c.name: c for group in CASES.values() for c in group}
     try:
         prev = importlib.import_module("na_triton_divides")
@@ -96,8 +101,16 @@ def main() -> None:
         n = len(case.spatial)
         base = K.config_for(args[0].shape, case.kernel, (1,) * n, (False,) * n)
         if a.ncu:
+            # The shipped config, or the first --only variant (its kernel options set as for its row).
+            label, cfg = next((r for r in variants(case, base) if a.only and r[0] == a.only.split(",")[0]),
+                              ("shipped", base))
+            if K.na_gluon is not None:
+                K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
+            K.WARP_SPECIALIZED = label.startswith("ws ")
+            if K.na_gluon_ws is not None:
+                K.na_gluon_ws.WS_OPTIONS.update(WS.get(label, {}))
             for _ in range(3):
-                K.neighborhood_attention(*args, config=base)
+                K.neighborhood_attention(*args, config=cfg)
             torch.cuda.synchronize()
             continue
         sample = reference_sample(case, args)
@@ -113,6 +126,8 @@ def main() -> None:
                 K.na_gluon.OPTIONS.update({d: dict(o) for d, o in shipped_options.items()})
                 K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
             K.WARP_SPECIALIZED = label.startswith("ws ")
+            if K.na_gluon_ws is not None:
+                K.na_gluon_ws.WS_OPTIONS.update({**shipped_ws, **WS.get(label, {})})
             try:
                 err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")

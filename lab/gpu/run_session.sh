@@ -35,11 +35,12 @@ for s in "$@"; do
            step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
     gsweep) step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
     gws) step gpu_tests_ws 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_na_kernels.py -m gpu -k "warp_specialized or pipelined_shift" ;
-        step na_sweep_ws 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined q 128,ws q 128,ws q 128 q smem,ws q 128 shallow" ;;
+        step na_sweep_ws 300 python3 lab/gpu/na_sweep.py --cases video,small3d,hd128,stage5 --only "shipped,ws q 128,ws q 128 free,ws q 128 q smem,ws q 128 free q smem" ;;
     gsweepv) step na_sweep_gluon_q128 120 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,pipelined flipped,pipelined q 128" ;;
     nasolps) step na_sol 240 python3 benchmarks/na_sol.py --cases plain,strided --out "$OUT/na_sol.json" ;;
     nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;
     nancug) KERNEL=na_fwd_shift step na_ncu_gluon 200 bash lab/gpu/na_ncu.sh video ;;
+    nancuws) KERNEL=na_fwd_ws ONLY="ws q 128" step na_ncu_ws 200 bash lab/gpu/na_ncu.sh video ;;
     decode2) step diffvae_2gpu 420 torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock --phases ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;
