@@ -13,7 +13,7 @@ for s in "$@"; do
     tilemodel) step na_tile_model 300 python3 lab/gpu/na_tile_model.py --time --top 3 ;;
     tma) step na_tma 200 python3 lab/gpu/na_tma.py --time ;;
     ws) step na_ws 450 python3 lab/gpu/na_tma.py --time --groups plain ;;
-    natests) step gpu_tests_na 120 python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/kernels/test_na_kernels.py tests/test_neighborhood_attention.py ;;
+    natests) step gpu_tests_na 300 python3 -m pytest -q -p no:cacheprovider -n 8 -m gpu tests/kernels/test_na_kernels.py tests/test_neighborhood_attention.py ;;
     nasol_tma) step na_sol_tma 250 python3 benchmarks/na_sol.py --cases plain,strided --out "$OUT/na_sol_tma.json" ;;
     ncu) step qk3d_ncu 320 bash lab/gpu/qk3d_ncu.sh ;;
     kerneltests) step gpu_tests_kernels 300 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_triton_rmsnorm.py tests/kernels/test_triton_qk_norm_rope.py tests/kernels/test_triton_qk_norm_rope_3d.py tests/test_rmsnorm.py tests/test_rmsnorm_modulate.py tests/test_qk_norm_rope.py tests/test_qk_norm_rope_3d.py ;;
@@ -35,7 +35,7 @@ for s in "$@"; do
            step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
     gsweep) step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
     gws) step gpu_tests_ws 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_na_kernels.py -m gpu -k "warp_specialized or pipelined_shift" ;
-        step na_sweep_ws 300 python3 lab/gpu/na_sweep.py --cases video,small3d,hd128,stage5 --only "shipped,ws q 128,ws q 128 free,ws q 128 q smem,ws q 128 free q smem" ;;
+        step na_sweep_ws 300 python3 lab/gpu/na_sweep.py --cases video,small3d,hd128,stage5 --only "shipped,pipelined q 128,ws q 128,ws q 128 q smem" ;;
     gsweepv) step na_sweep_gluon_q128 120 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,pipelined flipped,pipelined q 128" ;;
     nasolps) step na_sol 240 python3 benchmarks/na_sol.py --cases plain,strided --out "$OUT/na_sol.json" ;;
     nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;

@@ -12,7 +12,10 @@ overlaps them. Here each warpgroup is its own partition and the refills are a th
     consumer h=0,1:  na_gluon's trip over its 64 queries of the tile; frees a K slot when its q.k
                      retires and a V slot when its p.v does (one arrive per warpgroup)
 
-The two consumers walk the same blocks (the tile's key box) on their own schedule. Tile, window
+The two consumers walk the same blocks (the tile's key box) on their own schedule. On the H200 it
+computes 544-553 TFLOP/s at the video case against 503-527 for na_gluon's 8-warp program at the same
+tiles (8-10% less time) and 500-516 for 64-query tiles, whose fewer pairs still tie it there
+(lab/README.md); ``config_for`` keeps 64-query tiles. Tile, window
 rules, shift bound and flags are na_gluon's (``_na_fwd_kernel``'s): a tile whose bound is too loose
 walks nothing and is left to na_triton's online (REDO) launch at the same config. The output is
 na_triton's shift launch's at the same config, bit for bit (tests/kernels/test_na_kernels.py).
@@ -34,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from xbackend.kernels.na_gluon import _probs, _row_layout, _tma_load, _tma_store
 from xbackend.kernels.na_triton_blocks import box_walk, next_block, tile_box, win_end, win_start
 
-__all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "V_LEAD", "WS_OPTIONS", "na_fwd_ws_kernel", "ws_supports"]
+__all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "V_LEAD", "na_fwd_ws_kernel", "ws_supports"]
 
 # Four K and four V slots: 8 x 16 KiB + 32 KiB of q at head_dim 128 (160 KiB, one CTA an SM). A trip
 # of both consumers is about 0.9 us on the H200, about one L2 round trip of a TMA load: the load warp
@@ -48,8 +51,6 @@ V_LEAD = gl.constexpr(2)
 # The second warpgroup's setmaxnreg budget: 2 x 128 threads at 256 is the SM's 64 Ki registers (a
 # separate load warp would cap every thread at 168, and ptxas then serializes the wgmmas).
 CONSUMER_REGS = gl.constexpr(256)
-# The kernel's own schedule option (beside na_gluon.OPTIONS' Q_REGS and DEEP).
-WS_OPTIONS = {"PINGPONG": True}
 
 
 @triton.constexpr_function
@@ -116,161 +117,15 @@ def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_buf
 
 
 @gluon.jit
-def _walk(s, acc, l_i, p_prev, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-          l_desc, l_bufs, l_full, l_empty, n_walk, lc0, lc1, lc2,
-          s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
-          KS0, KS1, KS2, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
-          CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr,
-          HEAD_DIM: gl.constexpr, p_layout: gl.constexpr, DEEP: gl.constexpr, LEAD: gl.constexpr,
-          NBYTES: gl.constexpr):
-    """The walk after S_0, each consumer on its own schedule (``_trip``)."""
-    BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
-    c0 = lo0
-    c1 = lo1
-    c2 = lo2
-    # Unrolled by two, as in na_gluon (alternate registers for consecutive trips' scores).
-    for jj in range(0, (n_walk - 1) // 2):
-        s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
-            2 * jj, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-            l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
-            KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
-            LEAD, NBYTES)
-        s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
-            2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-            l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
-            KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
-            LEAD, NBYTES)
-    if (n_walk - 1) % 2 == 1:
-        s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
-            n_walk - 2, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-            l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
-            KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
-            LEAD, NBYTES)
-    last = n_walk - 1
-    p = _probs(s, m_i, qk_scale, c0, c1, c2,
-               n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-               TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
-    l_i = l_i + gl.sum(p, 1)
-    p = gl.convert_layout(p.to(p_prev.dtype), p_layout)
-    vs_ = last % KV_BUFFERS
-    mbarrier.wait(v_full.index(vs_), (last // KV_BUFFERS) & 1)
-    acc = warpgroup_mma(p, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-    acc, p, p_prev = warpgroup_mma_wait(0, deps=[acc, p, p_prev])
-    return acc, l_i
-
-
-@gluon.jit
-def _pp_trip(j, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-             l_desc, l_bufs, l_full, l_empty, n_walk, turn_me, turn_other,
-             s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-             TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
-             CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr,
-             HEAD_DIM: gl.constexpr, p_layout: gl.constexpr, LEAD: gl.constexpr, NBYTES: gl.constexpr,
-             TURN_XOR: gl.constexpr):
-    """Ping-pong trip j >= 1: S_j and P_{j-1} in registers. Both of this trip's wgmmas (q.k of block
-    j+1, p.v of block j-1) are issued in this warpgroup's turn, then the other's turn begins and
-    this one's softmax of block j runs under the other's wgmmas."""
-    BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
-    ks_ = (j + 1) % KV_BUFFERS
-    vs_ = (j + KV_BUFFERS - 1) % KV_BUFFERS
-    mbarrier.wait(k_full.index(ks_), ((j + 1) // KV_BUFFERS) & 1)
-    mbarrier.wait(v_full.index(vs_), ((j - 1) // KV_BUFFERS) & 1)
-    mbarrier.wait(turn_me, (j & 1) ^ TURN_XOR)
-    s_next = warpgroup_mma(q_op, k_bufs.index(ks_).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                           use_acc=False, is_async=True)
-    acc = warpgroup_mma(p_prev, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-    mbarrier.arrive(turn_other)
-    p = _probs(s, m_i, qk_scale, c0, c1, c2,
-               n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-               TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
-    l_i = l_i + gl.sum(p, 1)
-    p = gl.convert_layout(p.to(p_prev.dtype), p_layout)
-    s, acc, p_prev = warpgroup_mma_wait(0, deps=[s_next, acc, p_prev])
-    mbarrier.arrive(k_empty.index(ks_))
-    mbarrier.arrive(v_empty.index(vs_))
-    lc0, lc1, lc2 = _refill(l_desc, l_bufs, l_full, l_empty, j + LEAD, lc0, lc1, lc2, n_walk, lo1, lo2, end1, end2,
-                            TK0, TK1, TK2, NBYTES)
-    c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
-    return s, p, acc, l_i, c0, c1, c2, lc0, lc1, lc2
-
-
-@gluon.jit
-def _walk_pingpong(s, acc, l_i, p_prev, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-                   l_desc, l_bufs, l_full, l_empty, n_walk, turn_me, turn_other, lc0, lc1, lc2,
-                   s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
-                   KS0, KS1, KS2, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
-                   CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, p_layout: gl.constexpr, LEAD: gl.constexpr, NBYTES: gl.constexpr,
-                   TURN_XOR: gl.constexpr):
-    """The walk after S_0 with the two consumers' wgmmas in alternating turns (``_pp_trip``): trip 0
-    peeled (no p.v yet), trips 1 .. n-2, then the last two p.v outside the turns."""
-    BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
-    c0 = lo0
-    c1 = lo1
-    c2 = lo2
-    if n_walk > 1:
-        mbarrier.wait(k_full.index(1), 0)
-        mbarrier.wait(turn_me, TURN_XOR)
-        s_next = warpgroup_mma(q_op, k_bufs.index(1).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                               use_acc=False, is_async=True)
-        mbarrier.arrive(turn_other)
-        p = _probs(s, m_i, qk_scale, c0, c1, c2,
-                   n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-                   TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
-        l_i = l_i + gl.sum(p, 1)
-        p_prev = gl.convert_layout(p.to(p_prev.dtype), p_layout)
-        s = warpgroup_mma_wait(0, deps=[s_next])
-        mbarrier.arrive(k_empty.index(1))
-        lc0, lc1, lc2 = _refill(l_desc, l_bufs, l_full, l_empty, LEAD, lc0, lc1, lc2, n_walk, lo1, lo2, end1, end2,
-                                TK0, TK1, TK2, NBYTES)
-        c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
-    # Trips 1 .. n-2, unrolled by two (alternate registers for consecutive trips' scores).
-    for jj in range(0, (n_walk - 2) // 2):
-        s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _pp_trip(
-            2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full,
-            k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk, turn_me, turn_other, s_zero, m_i, qk_scale,
-            lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-            CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, LEAD, NBYTES, TURN_XOR)
-        s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _pp_trip(
-            2 * jj + 2, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full,
-            k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk, turn_me, turn_other, s_zero, m_i, qk_scale,
-            lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-            CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, LEAD, NBYTES, TURN_XOR)
-    if (n_walk > 2) & ((n_walk - 2) % 2 == 1):
-        s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _pp_trip(
-            n_walk - 2, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full,
-            k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk, turn_me, turn_other, s_zero, m_i, qk_scale,
-            lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-            CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, LEAD, NBYTES, TURN_XOR)
-    if n_walk > 1:
-        before = n_walk - 2
-        vs_ = before % KV_BUFFERS
-        mbarrier.wait(v_full.index(vs_), (before // KV_BUFFERS) & 1)
-        acc = warpgroup_mma(p_prev, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc, p_prev = warpgroup_mma_wait(0, deps=[acc, p_prev])
-    last = n_walk - 1
-    p = _probs(s, m_i, qk_scale, c0, c1, c2,
-               n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-               TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
-    l_i = l_i + gl.sum(p, 1)
-    p = gl.convert_layout(p.to(p_prev.dtype), p_layout)
-    vs_ = last % KV_BUFFERS
-    mbarrier.wait(v_full.index(vs_), (last // KV_BUFFERS) & 1)
-    acc = warpgroup_mma(p, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-    acc, p = warpgroup_mma_wait(0, deps=[acc, p])
-    return acc, l_i
-
-
-@gluon.jit
 def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty,
-              turn_me, turn_other, o_desc, knorm, qk_scale,
+              o_desc, knorm, qk_scale,
               b0, b1, b2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
               CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr,
               STRIDE0: gl.constexpr, STRIDE1: gl.constexpr, STRIDE2: gl.constexpr,
               SQ0: gl.constexpr, SQ1: gl.constexpr, SQ2: gl.constexpr,
               TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
               HEAD_DIM: gl.constexpr, POS_SCALE: gl.constexpr, Q_REGS: gl.constexpr, DEEP: gl.constexpr,
-              LEAD: gl.constexpr, NBYTES: gl.constexpr, PINGPONG: gl.constexpr, TURN_XOR: gl.constexpr):
+              LEAD: gl.constexpr, NBYTES: gl.constexpr):
     """One warpgroup's 64 queries (origin b0, b1, b2, shape SQ0 x SQ1 x SQ2) over the tile's key box;
     it also loads one stream (``l_desc``: K or V), LEAD blocks ahead of its walk."""
     HALF_M: gl.constexpr = SQ0 * SQ1 * SQ2
@@ -325,20 +180,37 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
                           use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
         mbarrier.arrive(k_empty.index(0))
-        if PINGPONG:
-            acc, l_i = _walk_pingpong(
-                s, acc, l_i, p_prev, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-                l_desc, l_bufs, l_full, l_empty, n_walk, turn_me, turn_other, lc0, lc1, lc2,
-                s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
-                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, LEAD, NBYTES,
-                TURN_XOR)
-        else:
-            acc, l_i = _walk(
-                s, acc, l_i, p_prev, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-                l_desc, l_bufs, l_full, l_empty, n_walk, lc0, lc1, lc2,
-                s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
-                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD,
-                NBYTES)
+        c0 = lo0
+        c1 = lo1
+        c2 = lo2
+        # Unrolled by two, as in na_gluon (alternate registers for consecutive trips' scores).
+        for jj in range(0, (n_walk - 1) // 2):
+            s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
+                2 * jj, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
+                l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
+                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
+                LEAD, NBYTES)
+            s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
+                2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
+                l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
+                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
+                LEAD, NBYTES)
+        if (n_walk - 1) % 2 == 1:
+            s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
+                n_walk - 2, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
+                l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
+                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
+                LEAD, NBYTES)
+        last = n_walk - 1
+        p = _probs(s, m_i, qk_scale, c0, c1, c2,
+                   n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                   TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
+        l_i = l_i + gl.sum(p, 1)
+        p = gl.convert_layout(p.to(dtype), p_layout)
+        vs_ = last % KV_BUFFERS
+        mbarrier.wait(v_full.index(vs_), (last // KV_BUFFERS) & 1)
+        acc = warpgroup_mma(p, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc, p, p_prev = warpgroup_mma_wait(0, deps=[acc, p, p_prev])
 
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         # This warpgroup's q buffer holds its output rows for the TMA store (its wgmmas are done).
@@ -371,7 +243,6 @@ def na_fwd_ws_kernel(
     POS_SCALE: gl.constexpr,
     Q_REGS: gl.constexpr,  # q.k's A operand (q) from registers instead of shared memory
     DEEP: gl.constexpr,  # leave a trip's p.v in flight through the next trip (two P register sets)
-    PINGPONG: gl.constexpr,  # the consumers issue their wgmmas in alternating turns (DEEP then unused)
     num_warps: gl.constexpr,  # 4: the first consumer warpgroup; the second and the load warp are partitions
 ):
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
@@ -425,10 +296,7 @@ def na_fwd_ws_kernel(
     v_full = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [KV_BUFFERS, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(KV_BUFFERS):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
@@ -453,20 +321,18 @@ def na_fwd_ws_kernel(
 
     gl.warp_specialize([
         (_consumer, (q_smem.index(0), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-                     k_desc, k_bufs, k_full, k_empty, turn.index(0), turn.index(1), o_desc, knorm, qk_scale,
+                     k_desc, k_bufs, k_full, k_empty, o_desc, knorm, qk_scale,
                      a0, a1, a2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
                      CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
-                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, NBYTES, PINGPONG, 1)),
+                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, NBYTES)),
         (_consumer, (q_smem.index(1), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-                     v_desc, v_bufs, v_full, v_empty, turn.index(1), turn.index(0), o_desc, knorm, qk_scale,
+                     v_desc, v_bufs, v_full, v_empty, o_desc, knorm, qk_scale,
                      a0 + d0, a1 + d1, a2 + d2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
                      CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
-                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, NBYTES, PINGPONG, 0)),
+                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, NBYTES)),
     ], [4], [CONSUMER_REGS])
 
     mbarrier.invalidate(q_bar)
-    mbarrier.invalidate(turn.index(0))
-    mbarrier.invalidate(turn.index(1))
     for i in gl.static_range(KV_BUFFERS):
         mbarrier.invalidate(k_full.index(i))
         mbarrier.invalidate(v_full.index(i))

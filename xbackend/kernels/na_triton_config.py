@@ -46,6 +46,10 @@ TMA_MIN_HEAD_DIM = 64
 # 4-9% less time at head_dim 128 (3-D video, small window, DiffVAE stage-4 tile); at head_dim 64 it
 # holds 2-3 CTAs an SM to na_triton's 4 and takes 5-19% more.
 PIPELINED_HEAD_DIMS = (128,)
+# 128-query tiles (na_gluon_ws's warp-specialized kernel) read half the K/V bytes per pair from L2, which
+# bounds the 64-query walk (88% of the L2's throughput at the 3-D video case), but compute more pairs:
+# within 1.3% of 64-query tiles at the video case, 7-45% more time at the small window and DiffVAE
+# tiles (lab/gpu/na_sweep.py). ``choose_config`` keeps 64.
 
 
 def tma_pays(spatial: tuple[int, int, int], head_dim: int) -> bool:
