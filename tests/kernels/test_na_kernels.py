@@ -823,6 +823,69 @@ def test_gluon_gpu_schedules_bit_identical(head_dim: int, monkeypatch):
     assert torch.equal(outs[0], triton_shift), (outs[0].float() - triton_shift.float()).abs().max()
 
 
+def ws_sass_counts(head_dim: int) -> list:
+    """[kernels launched, compile error, spill bytes, registers, HGMMAs, waits for zero outstanding] of
+    na_gluon_ws's kernel compiled for sm90 by this host's Triton (needs TRITON_INTERPRET unset)."""
+    import dataclasses
+    import re
+    import subprocess
+    import tempfile
+
+    from xbackend.fleet import _capture, _resources, _worker
+    from xbackend.kernels import na_triton
+
+    spatial, kernel = (10, 24, 24), (8, 16, 16)
+    tall = na_triton.choose_config(spatial, kernel, (1,) * 3, head_dim, block_m=128)
+    cfg = dataclasses.replace(tall, tma=True, shift=True, pipelined=True)
+
+    def make(dtype, device):
+        return tuple(torch.empty((1, *spatial, 2, head_dim), dtype=dtype, device=device) for _ in range(3))
+
+    def fn(q, k, v):
+        return na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None, config=cfg)
+
+    _, launches = _capture.capture("sm90", "cuda", fn, make, torch.bfloat16)
+    res = _worker.compile_triton(launches[0].spec, "sm90", stages=("cubin",))
+    if res.error is not None:
+        return [[x.spec.name for x in launches], res.error, 0, 0, 0, 0]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(res.extra["cubin"])
+        f.flush()
+        sass = subprocess.run([_resources.nvidia_tool("nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    return [[x.spec.name for x in launches], None, res.spill_bytes, res.registers,
+            len(re.findall(r"\bHGMMA\.", sass)), len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0", sass))]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_warp_specialized_compiles_pipelined_for_sm90(head_dim: int):
+    """The warp-specialized kernel compiled for sm90 by this host's Triton (no GPU; a fresh process
+    without the interpreter): no spills, and its wgmmas left asynchronous. ptxas serializes every
+    wgmma of a kernel whose threads are capped below what the consumers need (a separate load warp
+    caps them at 168 registers); then each HGMMA is followed by a wait for zero outstanding."""
+    import json
+    import subprocess
+    import sys
+
+    from xbackend.fleet import _resources
+
+    if _resources.nvidia_tool("nvdisasm") is None:
+        pytest.skip("no nvdisasm beside this Triton")
+    code = (
+        "import importlib.util, json;"
+        f"spec = importlib.util.spec_from_file_location('t', {__file__!r});"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
+        f"print(json.dumps(m.ws_sass_counts({head_dim})))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    names, error, spills, registers, hgmma, waits = json.loads(res.stdout.strip().splitlines()[-1])
+    assert names == ["na_fwd_ws_kernel", "_na_fwd_kernel"] and error is None, (names, error)
+    assert spills == 0 and 0 < registers <= 255, (spills, registers)
+    assert hgmma > 0 and waits < hgmma / 2, (hgmma, waits)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gluon_gpu_warp_specialized_bit_identical(head_dim: int, monkeypatch):
