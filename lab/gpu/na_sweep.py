@@ -37,11 +37,9 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D imag
 GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": True},
          "pipelined q smem": {"Q_REGS": False}, "pipelined shallow": {"DEEP": False},
          "ws q 128": {}, "ws q 128 q regs": {"Q_REGS": True}, "ws q 128 q smem": {"Q_REGS": False},
-         "ws q 128 shallow": {"DEEP": False}, "ws q 128 no skip": {}}
-# na_gluon_ws's own options by variant label (over na_gluon_ws.WS_OPTIONS).
-WS = {"ws q 128 no skip": {"SKIP_INTERIOR": False}}
+         "ws q 128 shallow": {"DEEP": False}}
 # 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
-TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow", "ws q 128 no skip")
+TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
 
 
 def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
@@ -87,7 +85,6 @@ def main() -> None:
     from triton.testing import do_bench
 
     shipped_options = {d: dict(o) for d, o in K.na_gluon.OPTIONS.items()} if K.na_gluon is not None else {}
-    shipped_ws = dict(K.na_gluon_ws.WS_OPTIONS) if K.na_gluon_ws is not None else {}
     by_name = {c.name: c for group in CASES.values() for c in group}
     try:
         prev = importlib.import_module("na_triton_divides")
@@ -122,8 +119,6 @@ def main() -> None:
                 K.na_gluon.OPTIONS.update({d: dict(o) for d, o in shipped_options.items()})
                 K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
             K.WARP_SPECIALIZED = label.startswith("ws ")
-            if K.na_gluon_ws is not None:
-                K.na_gluon_ws.WS_OPTIONS.update({**shipped_ws, **WS.get(label, {})})
             try:
                 err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")

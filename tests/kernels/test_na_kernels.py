@@ -889,8 +889,8 @@ def test_gluon_warp_specialized_compiles_pipelined_for_sm90(head_dim: int):
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gluon_gpu_warp_specialized_bit_identical(head_dim: int, monkeypatch):
-    """At 128-query tiles the warp-specialized kernel (with and without the window test skipped on
-    interior blocks) gives na_gluon's 8-warp kernel's output and na_triton's shift launch's, to the last bit (the same walk per query row), with and without
+    """At 128-query tiles the warp-specialized kernel gives na_gluon's 8-warp kernel's output and
+    na_triton's shift launch's, to the last bit (the same walk per query row), with and without
     loose-bound tiles (q x 60, left to the online launch)."""
     import dataclasses
 
@@ -904,9 +904,8 @@ def test_gluon_gpu_warp_specialized_bit_identical(head_dim: int, monkeypatch):
             cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3),
                                       q_tile=tall.q_tile, kv_tile=tall.kv_tile, pipelined=True)
             outs = []
-            for ws, skip in ((True, True), (True, False), (False, False)):
+            for ws in (True, False):
                 monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", ws)
-                monkeypatch.setitem(na_triton.na_gluon_ws.WS_OPTIONS, "SKIP_INTERIOR", skip)
                 outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
                                                              config=cfg))
             outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from xbackend.kernels.na_gluon import _probs, _row_layout, _tma_load, _tma_store
 from xbackend.kernels.na_triton_blocks import box_walk, next_block, tile_box, win_end, win_start
 
-__all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "V_LEAD", "WS_OPTIONS", "na_fwd_ws_kernel", "ws_supports"]
+__all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "V_LEAD", "na_fwd_ws_kernel", "ws_supports"]
 
 # Four K and four V slots: 8 x 16 KiB + 32 KiB of q at head_dim 128 (160 KiB, one CTA an SM). A trip
 # of both consumers is about 0.9 us on the H200, about one L2 round trip of a TMA load: the load warp
@@ -51,8 +51,6 @@ V_LEAD = gl.constexpr(2)
 # The second warpgroup's setmaxnreg budget: 2 x 128 threads at 256 is the SM's 64 Ki registers (a
 # separate load warp would cap every thread at 168, and ptxas then serializes the wgmmas).
 CONSUMER_REGS = gl.constexpr(256)
-# The kernel's own schedule options (beside na_gluon.OPTIONS' Q_REGS and DEEP).
-WS_OPTIONS = {"SKIP_INTERIOR": True}
 
 
 @triton.constexpr_function
@@ -87,29 +85,17 @@ def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_buf
           TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
           CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr,
           HEAD_DIM: gl.constexpr, p_layout: gl.constexpr, DEEP: gl.constexpr, LEAD: gl.constexpr,
-          NBYTES: gl.constexpr, inner_lo0, inner_lo1, inner_lo2, inner_hi0, inner_hi1, inner_hi2,
-          SKIP: gl.constexpr):
+          NBYTES: gl.constexpr):
     """na_gluon's trip: block j's scores ``s`` in registers, p.v of j - 1 in flight; this consumer's
-    refill (block j + LEAD of its stream) at the end. With SKIP, a block inside every row's window
-    (``[inner_lo, inner_hi)`` on each axis) takes no window test: the same exponent, bit for bit."""
+    refill (block j + LEAD of its stream) at the end."""
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
     ks_ = (j + 1) % KV_BUFFERS
     mbarrier.wait(k_full.index(ks_), ((j + 1) // KV_BUFFERS) & 1)
     s_next = warpgroup_mma(q_op, k_bufs.index(ks_).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                            use_acc=False, is_async=True)
-    if SKIP:
-        inner = ((c0 >= inner_lo0) & (c0 + TK0 <= inner_hi0) & (c1 >= inner_lo1) & (c1 + TK1 <= inner_hi1)
-                 & (c2 >= inner_lo2) & (c2 + TK2 <= inner_hi2))
-        if inner:
-            p = gl.exp2(s * qk_scale - m_i[:, None])
-        else:
-            p = _probs(s, m_i, qk_scale, c0, c1, c2,
-                       n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-                       TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
-    else:
-        p = _probs(s, m_i, qk_scale, c0, c1, c2,
-                   n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-                   TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
+    p = _probs(s, m_i, qk_scale, c0, c1, c2,
+               n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+               TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
     l_i = l_i + gl.sum(p, 1)
     p = gl.convert_layout(p.to(p_prev.dtype), p_layout)
     vs_ = j % KV_BUFFERS
@@ -139,7 +125,7 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
               SQ0: gl.constexpr, SQ1: gl.constexpr, SQ2: gl.constexpr,
               TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
               HEAD_DIM: gl.constexpr, POS_SCALE: gl.constexpr, Q_REGS: gl.constexpr, DEEP: gl.constexpr,
-              LEAD: gl.constexpr, NBYTES: gl.constexpr, SKIP_INTERIOR: gl.constexpr):
+              LEAD: gl.constexpr, NBYTES: gl.constexpr):
     """One warpgroup's 64 queries (origin b0, b1, b2, shape SQ0 x SQ1 x SQ2) over the tile's key box;
     it also loads one stream (``l_desc``: K or V), LEAD blocks ahead of its walk."""
     HALF_M: gl.constexpr = SQ0 * SQ1 * SQ2
@@ -164,15 +150,6 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
     qe0 = win_end(m0, N0, KS0, STRIDE0, CAUSAL0)
     qe1 = win_end(m1, N1, KS1, STRIDE1, CAUSAL1)
     qe2 = win_end(m2, N2, KS2, STRIDE2, CAUSAL2)
-    # Keys inside every row's window: a block there needs no window test (positive scale only: with
-    # a negative one the masked exponent is scaled before the mask, a different rounding).
-    SKIP: gl.constexpr = SKIP_INTERIOR and POS_SCALE
-    in_lo0 = gl.max(qs0, 0)
-    in_lo1 = gl.max(qs1, 0)
-    in_lo2 = gl.max(qs2, 0)
-    in_hi0 = gl.min(qe0, 0)
-    in_hi1 = gl.min(qe1, 0)
-    in_hi2 = gl.min(qe2, 0)
     offs_n = gl.arange(0, BLOCK_N, layout=cols)
     n0 = offs_n // (TK1 * TK2)
     n1 = (offs_n // TK2) % TK1
@@ -212,18 +189,18 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
                 2 * jj, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                 l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
                 KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
-                LEAD, NBYTES, in_lo0, in_lo1, in_lo2, in_hi0, in_hi1, in_hi2, SKIP)
+                LEAD, NBYTES)
             s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
                 2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                 l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
                 KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
-                LEAD, NBYTES, in_lo0, in_lo1, in_lo2, in_hi0, in_hi1, in_hi2, SKIP)
+                LEAD, NBYTES)
         if (n_walk - 1) % 2 == 1:
             s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
                 n_walk - 2, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                 l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
                 KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
-                LEAD, NBYTES, in_lo0, in_lo1, in_lo2, in_hi0, in_hi1, in_hi2, SKIP)
+                LEAD, NBYTES)
         last = n_walk - 1
         p = _probs(s, m_i, qk_scale, c0, c1, c2,
                    n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
@@ -266,7 +243,6 @@ def na_fwd_ws_kernel(
     POS_SCALE: gl.constexpr,
     Q_REGS: gl.constexpr,  # q.k's A operand (q) from registers instead of shared memory
     DEEP: gl.constexpr,  # leave a trip's p.v in flight through the next trip (two P register sets)
-    SKIP_INTERIOR: gl.constexpr,  # no window test for blocks inside every window of a consumer's rows
     num_warps: gl.constexpr,  # 4: the first consumer warpgroup; the second and the load warp are partitions
 ):
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
@@ -348,12 +324,12 @@ def na_fwd_ws_kernel(
                      k_desc, k_bufs, k_full, k_empty, o_desc, knorm, qk_scale,
                      a0, a1, a2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
                      CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
-                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, NBYTES, SKIP_INTERIOR)),
+                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, NBYTES)),
         (_consumer, (q_smem.index(1), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                      v_desc, v_bufs, v_full, v_empty, o_desc, knorm, qk_scale,
                      a0 + d0, a1 + d1, a2 + d2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
                      CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
-                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, NBYTES, SKIP_INTERIOR)),
+                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, NBYTES)),
     ], [4], [CONSUMER_REGS])
 
     mbarrier.invalidate(q_bar)

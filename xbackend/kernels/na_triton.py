@@ -340,10 +340,10 @@ def neighborhood_attention(
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
         pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile)
         if pipelined is not None:
-            kernel, warps, extra = pipelined
+            kernel, warps = pipelined
             launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
                                             POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
-                                            **na_gluon.options(head_dim, st), **extra)
+                                            **na_gluon.options(head_dim, st))
     for one in launches:
         if tma and q.is_cuda:
             # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
@@ -360,12 +360,11 @@ WARP_SPECIALIZED = True
 
 
 def _pipelined_kernel(head_dim: int, q_tile: tuple[int, int, int], kv_tile: tuple[int, int, int]):
-    """The Gluon kernel, its warp count and its own options for a pipelined shift launch at this
-    shape, or None."""
+    """The Gluon kernel and warp count for a pipelined shift launch at this shape, or None."""
     if WARP_SPECIALIZED and na_gluon_ws.ws_supports(head_dim, q_tile, kv_tile):
-        return na_gluon_ws.na_fwd_ws_kernel, 4, dict(na_gluon_ws.WS_OPTIONS)
+        return na_gluon_ws.na_fwd_ws_kernel, 4
     if na_gluon.gluon_supports(head_dim, q_tile, kv_tile):
-        return na_gluon.na_fwd_shift_kernel, na_gluon.num_warps(q_tile), {}
+        return na_gluon.na_fwd_shift_kernel, na_gluon.num_warps(q_tile)
     return None
 
 
