@@ -85,6 +85,7 @@ def main() -> None:
     from triton.testing import do_bench
 
     shipped_options = {d: dict(o) for d, o in K.na_gluon.OPTIONS.items()} if K.na_gluon is not None else {}
+    shipped_ws = dict(K.na_gluon_ws.OPTIONS) if K.na_gluon_ws is not None else {}
     by_name = {c.name: c for group in CASES.values() for c in group}
     try:
         prev = importlib.import_module("na_triton_divides")
@@ -101,6 +102,7 @@ def main() -> None:
                               ("shipped", base))
             if K.na_gluon is not None:
                 K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
+                K.na_gluon_ws.OPTIONS.update(GLUON.get(label, {}) if label.startswith("ws ") else {})
             K.WARP_SPECIALIZED = label.startswith("ws ")
             for _ in range(3):
                 K.neighborhood_attention(*args, config=cfg)
@@ -118,6 +120,9 @@ def main() -> None:
             if K.na_gluon is not None:
                 K.na_gluon.OPTIONS.update({d: dict(o) for d, o in shipped_options.items()})
                 K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
+                # A "ws" row's options are the warp-specialized kernel's own (over na_gluon's).
+                K.na_gluon_ws.OPTIONS.clear()
+                K.na_gluon_ws.OPTIONS.update({**shipped_ws, **(GLUON.get(label, {}) if label.startswith("ws ") else {})})
             K.WARP_SPECIALIZED = label.startswith("ws ")
             try:
                 err = sample_error(case, fn(*args, config=cfg), sample)

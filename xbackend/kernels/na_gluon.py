@@ -46,7 +46,7 @@ _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_globa
 
 GLUON_HEAD_DIMS = (64, 128)
 # The kernel's schedule options per head_dim (constexprs of na_fwd_shift_kernel).
-OPTIONS = {64: {"Q_REGS": False, "DEEP": True}, 128: {"Q_REGS": False, "DEEP": True}}
+OPTIONS = {64: {"Q_REGS": False, "DEEP": True}, 128: {"Q_REGS": True, "DEEP": True}}
 # Strided windows keep q in shared memory: with q in registers Triton 3.9 spills 40 B a thread at the
 # video case, stride (2, 4, 8) (255 registers; Triton 3.6 fits it in 222).
 STRIDED_OPTIONS = {"Q_REGS": False}

@@ -1,21 +1,21 @@
-"""na_gluon's shift walk for 128-query tiles, warp-specialized: two consumer warpgroups, one load warp.
+"""na_gluon's shift walk for 128-query tiles, warp-specialized: two consumer warpgroups, each its own partition.
 
 With 64-query tiles the 3-D video case re-reads its key boxes from L2 at 88% of the L2's peak
 throughput (Nsight Compute on the H200: 9.5 TB/s); K/V bytes per computed query-key pair are
 ``4 * head_dim / BLOCK_M``, so a 128-query tile halves them for 8% more pairs (a larger box). Run as
 one 8-warp program, the two warpgroups of such a tile walk in lockstep: the CTA barriers that guard
 each TMA refill against the wgmmas still reading the slot stop both, and at one CTA an SM nothing
-overlaps them. Here each warpgroup is its own partition and the refills are a third one's:
+overlaps them. Here each warpgroup is its own partition and loads one stream for both:
 
-    load warp:       for each block i: wait until both consumers freed K slot i, TMA K_i;
-                     then the same for V_{i-1}                                (mbarriers, no CTA barrier)
     consumer h=0,1:  na_gluon's trip over its 64 queries of the tile; frees a K slot when its q.k
-                     retires and a V slot when its p.v does (one arrive per warpgroup)
+                     retires and a V slot when its p.v does (one arrive per warpgroup); then
+                     refills its stream (h=0: K, h=1: V) once both have freed the slot
+                     (mbarriers, no CTA barrier)
 
 The two consumers walk the same blocks (the tile's key box) on their own schedule. On the H200 it
 computes 544-553 TFLOP/s at the video case against 503-527 for na_gluon's 8-warp program at the same
-tiles (8-10% less time) and 500-516 for 64-query tiles, whose fewer pairs still tie it there
-(lab/README.md); ``config_for`` keeps 64-query tiles. Tile, window
+tiles (8-10% less time) and 500-516 for 64-query tiles (q in shared memory), whose fewer pairs still
+tie it there (lab/README.md); ``config_for`` keeps 64-query tiles. Tile, window
 rules, shift bound and flags are na_gluon's (``_na_fwd_kernel``'s): a tile whose bound is too loose
 walks nothing and is left to na_triton's online (REDO) launch at the same config. The output is
 na_triton's shift launch's at the same config, bit for bit (tests/kernels/test_na_kernels.py).
@@ -37,11 +37,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from xbackend.kernels.na_gluon import _probs, _row_layout, _tma_load, _tma_store
 from xbackend.kernels.na_triton_blocks import box_walk, next_block, tile_box, win_end, win_start
 
-__all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "V_LEAD", "na_fwd_ws_kernel", "ws_supports"]
+__all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "OPTIONS", "V_LEAD", "na_fwd_ws_kernel", "ws_supports"]
 
 # Four K and four V slots: 8 x 16 KiB + 32 KiB of q at head_dim 128 (160 KiB, one CTA an SM). A trip
-# of both consumers is about 0.9 us on the H200, about one L2 round trip of a TMA load: the load warp
-# refills a slot about two trips before it is read.
+# of both consumers is about 0.9 us on the H200, about one L2 round trip of a TMA load: a slot is
+# refilled about two trips before it is read (4 to 6 slots measured the same, lab/README.md).
 KV_BUFFERS = gl.constexpr(4)
 # The first consumer loads K, three blocks ahead of its walk (K_{j+3} at trip j: the other consumer
 # may trail by two trips before the refill waits for it); the second loads V two ahead (V is read in
@@ -51,6 +51,9 @@ V_LEAD = gl.constexpr(2)
 # The second warpgroup's setmaxnreg budget: 2 x 128 threads at 256 is the SM's 64 Ki registers (a
 # separate load warp would cap every thread at 168, and ptxas then serializes the wgmmas).
 CONSUMER_REGS = gl.constexpr(256)
+# Over na_gluon.options: q stays in shared memory (with q in registers Triton 3.9 spills 72 B a thread
+# at head_dim 128; the H200 measurements of this kernel are with q in shared memory).
+OPTIONS = {"Q_REGS": False}
 
 
 @triton.constexpr_function
@@ -243,7 +246,7 @@ def na_fwd_ws_kernel(
     POS_SCALE: gl.constexpr,
     Q_REGS: gl.constexpr,  # q.k's A operand (q) from registers instead of shared memory
     DEEP: gl.constexpr,  # leave a trip's p.v in flight through the next trip (two P register sets)
-    num_warps: gl.constexpr,  # 4: the first consumer warpgroup; the second and the load warp are partitions
+    num_warps: gl.constexpr,  # 4: the first consumer warpgroup; the second is a worker partition
 ):
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
     AX: gl.constexpr = _split_axis(TQ0, TQ1, TQ2)
@@ -309,8 +312,9 @@ def na_fwd_ws_kernel(
     _tma_load(q_desc, [a0, a1, a2, 0], q_bar, q_smem.index(0))
     _tma_load(q_desc, [a0 + d0, a1 + d1, a2 + d2, 0], q_bar, q_smem.index(1))
     mbarrier.wait(q_bar, 0)
-    # The tile's shift bound (na_gluon's, over all 128 rows) decides, for all three partitions, whether
-    # this program walks or is left to the REDO launch.
+    # The tile's shift bound (na_gluon's, over all 128 rows) decides, for both partitions, whether
+    # this program walks or is left to the REDO launch. (Each consumer recomputes its own rows' norms:
+    # a worker partition takes scalars and shared memory, not this region's register tensors.)
     knorm = gl.load(KNORM + pid_bh)
     qa = q_smem.index(0).reshape([HALF_M, HEAD_DIM]).load(_row_layout(HEAD_DIM, num_warps)).to(gl.float32)
     qb = q_smem.index(1).reshape([HALF_M, HEAD_DIM]).load(_row_layout(HEAD_DIM, num_warps)).to(gl.float32)

@@ -338,12 +338,12 @@ def neighborhood_attention(
                 if shift else [functools.partial(launch, SHIFT=False, REDO=False)])
     if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
-        pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile)
+        pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile, st)
         if pipelined is not None:
-            kernel, warps = pipelined
+            kernel, warps, options = pipelined
             launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
                                             POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
-                                            **na_gluon.options(head_dim, st))
+                                            **options)
     for one in launches:
         if tma and q.is_cuda:
             # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a
@@ -354,17 +354,20 @@ def neighborhood_attention(
     return out
 
 
-# 128-query tiles take the warp-specialized kernel (two consumer warpgroups, a load warp) when this
-# is set, else na_gluon's 8-warp kernel (lab/gpu/na_sweep.py compares them).
+# 128-query tiles take the warp-specialized kernel (two consumer warpgroups, each its own partition)
+# when this is set, else na_gluon's 8-warp kernel (lab/gpu/na_sweep.py compares them).
 WARP_SPECIALIZED = True
 
 
-def _pipelined_kernel(head_dim: int, q_tile: tuple[int, int, int], kv_tile: tuple[int, int, int]):
-    """The Gluon kernel and warp count for a pipelined shift launch at this shape, or None."""
+def _pipelined_kernel(head_dim: int, q_tile: tuple[int, int, int], kv_tile: tuple[int, int, int],
+                      stride: tuple[int, int, int]):
+    """The Gluon kernel, warp count and schedule constexprs for a pipelined shift launch at this
+    shape, or None."""
+    options = na_gluon.options(head_dim, stride)
     if WARP_SPECIALIZED and na_gluon_ws.ws_supports(head_dim, q_tile, kv_tile):
-        return na_gluon_ws.na_fwd_ws_kernel, 4
+        return na_gluon_ws.na_fwd_ws_kernel, 4, {**options, **na_gluon_ws.OPTIONS}
     if na_gluon.gluon_supports(head_dim, q_tile, kv_tile):
-        return na_gluon.na_fwd_shift_kernel, na_gluon.num_warps(q_tile)
+        return na_gluon.na_fwd_shift_kernel, na_gluon.num_warps(q_tile), options
     return None
 
 
