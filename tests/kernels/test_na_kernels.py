@@ -352,11 +352,21 @@ def _interpreted(name: str, *args: object) -> list:
     """``name(*args)`` of this module with Triton's interpreter: here when TRITON_INTERPRET=1 (the
     repository conftest sets it on a host without CUDA), else in a fresh process (the interpreter is
     chosen when a kernel is decorated)."""
+    return _run_with_interpreter(True, name, *args)
+
+
+def _compiled(name: str, *args: object) -> list:
+    """``name(*args)`` of this module with Triton compiling its kernels (no interpreter): here when
+    TRITON_INTERPRET is off, else in a fresh process without it."""
+    return _run_with_interpreter(False, name, *args)
+
+
+def _run_with_interpreter(interpret: bool, name: str, *args: object) -> list:
     import json
     import subprocess
     import sys
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if (os.environ.get("TRITON_INTERPRET") == "1") == interpret:
         return globals()[name](*args)
     code = (
         "import importlib.util, json, sys;"
@@ -364,7 +374,9 @@ def _interpreted(name: str, *args: object) -> list:
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
         f"print(json.dumps(m.{name}(*{args!r})))"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -825,7 +837,7 @@ def test_gluon_gpu_schedules_bit_identical(head_dim: int, monkeypatch):
 
 def ws_sass_counts(head_dim: int) -> list:
     """[kernels launched, compile error, spill bytes, registers, HGMMAs, waits for zero outstanding] of
-    na_gluon_ws's kernel compiled for sm90 by this host's Triton (needs TRITON_INTERPRET unset)."""
+    na_gluon_ws's kernel compiled for sm90 by this host's Triton (kernels compiled, not interpreted)."""
     import dataclasses
     import re
     import subprocess
@@ -863,24 +875,11 @@ def test_gluon_warp_specialized_compiles_pipelined_for_sm90(head_dim: int):
     without the interpreter): no spills, and its wgmmas left asynchronous. ptxas serializes every
     wgmma of a kernel whose threads are capped below what the consumers need (a separate load warp
     caps them at 168 registers); then each HGMMA is followed by a wait for zero outstanding."""
-    import json
-    import subprocess
-    import sys
-
     from xbackend.fleet import _resources
 
     if _resources.nvidia_tool("nvdisasm") is None:
         pytest.skip("no nvdisasm beside this Triton")
-    code = (
-        "import importlib.util, json;"
-        f"spec = importlib.util.spec_from_file_location('t', {__file__!r});"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
-        f"print(json.dumps(m.ws_sass_counts({head_dim})))"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    names, error, spills, registers, hgmma, waits = json.loads(res.stdout.strip().splitlines()[-1])
+    names, error, spills, registers, hgmma, waits = _compiled("ws_sass_counts", head_dim)
     assert names == ["na_fwd_ws_kernel", "_na_fwd_kernel"] and error is None, (names, error)
     assert spills == 0 and 0 < registers <= 255, (spills, registers)
     assert hgmma > 0 and waits < hgmma / 2, (hgmma, waits)
