@@ -14,8 +14,8 @@ overlaps them. Here each warpgroup is its own partition and loads one stream for
 
 The two consumers walk the same blocks (the tile's key box) on their own schedule. On the H200 it
 computes 544-553 TFLOP/s at the video case against 503-527 for na_gluon's 8-warp program at the same
-tiles (8-10% less time) and 500-516 for 64-query tiles (q in shared memory), whose fewer pairs still
-tie it there (lab/README.md); ``config_for`` keeps 64-query tiles. Tile, window
+tiles (8-10% less time), but 64-query tiles with q in registers compute fewer pairs and take 3% less
+time there (39.5 against 40.9 ms, lab/README.md); ``config_for`` keeps 64-query tiles. Tile, window
 rules, shift bound and flags are na_gluon's (``_na_fwd_kernel``'s): a tile whose bound is too loose
 walks nothing and is left to na_triton's online (REDO) launch at the same config. The output is
 na_triton's shift launch's at the same config, bit for bit (tests/kernels/test_na_kernels.py).

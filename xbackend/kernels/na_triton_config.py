@@ -48,8 +48,8 @@ TMA_MIN_HEAD_DIM = 64
 PIPELINED_HEAD_DIMS = (128,)
 # 128-query tiles (na_gluon_ws's warp-specialized kernel) read half the K/V bytes per pair from L2, which
 # bounds the 64-query walk (88% of the L2's throughput at the 3-D video case), but compute more pairs:
-# within 1.3% of 64-query tiles (q in shared memory) at the video case, 7-45% more time at the small
-# window and DiffVAE tiles (lab/gpu/na_sweep.py). ``choose_config`` keeps 64.
+# 3% more time than 64-query tiles at the video case, 7-45% more at the small window and DiffVAE
+# tiles (lab/gpu/na_sweep.py). ``choose_config`` keeps 64.
 
 
 def tma_pays(spatial: tuple[int, int, int], head_dim: int) -> bool:
