@@ -785,6 +785,7 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int, monkeypatch):
 
     from xbackend.kernels import na_gluon_ws, na_triton
 
+    shipped = dict(na_gluon_ws.OPTIONS)
     cases = [((13, 12, 17), (5, 7, 9), (1, 1, 1), (False,) * 3, None, None),
              ((21, 30, 22), (5, 7, 3), (2, 3, 1), (True, False, False), None, None),
              ((9, 20, 24), (3, 9, 9), (1, 1, 1), (False,) * 3, (1, 3, 3), None),
@@ -810,7 +811,7 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int, monkeypatch):
             for cfg, ws, ws_options in runs:
                 assert na_triton.na_gluon.gluon_supports(head_dim, cfg.q_tile, cfg.kv_tile), cfg
                 monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", ws)
-                monkeypatch.setattr(na_gluon_ws, "OPTIONS", {**na_gluon_ws.OPTIONS, **ws_options})
+                monkeypatch.setattr(na_gluon_ws, "OPTIONS", {**shipped, **ws_options})
                 got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
                 assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, cfg.q_tile, ws, ws_options,
                                                   rel_err(got, ref))
