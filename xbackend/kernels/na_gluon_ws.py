@@ -108,10 +108,40 @@ def _half_blocks(a, n, lo, h: gl.constexpr, SQ: gl.constexpr, KS, STRIDE: gl.con
 
 
 @gluon.jit
-def _release(bar, solo, pred):
+def _release(bar, solo, pred, SKIP: gl.constexpr):
     """Free a slot for this consumer and, where the other consumer skips the block (``solo``), for it too."""
-    mbarrier.arrive(bar, pred=pred)
-    mbarrier.arrive(bar, pred=pred & solo)
+    if SKIP:
+        # One arrive either way: each costs the warpgroup a barrier (bar.sync) before it.
+        if solo:
+            mbarrier.arrive(bar, count=2, pred=pred)
+        else:
+            mbarrier.arrive(bar, pred=pred)
+    else:
+        mbarrier.arrive(bar, pred=pred)
+
+
+@gluon.jit
+def _step(un, cn0, cn1, cn2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
+          TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, AX: gl.constexpr, SKIP: gl.constexpr):
+    """This consumer's block after the one at (cn0, cn1, cn2), box-walk position ``un``: its first key,
+    its position (``gap`` further where this consumer's walk wraps the split axis) and whether the other
+    consumer skips it. Carried, not divided out of the coordinates (integer divides cost a trip dearly)."""
+    w2 = cn2 + TK2 >= mend2
+    w1 = w2 & (cn1 + TK1 >= mend1)
+    nn0, nn1, nn2 = next_block(cn0, cn1, cn2, mlo1, mlo2, mend1, mend2, TK0, TK1, TK2)
+    if SKIP:
+        if AX == 2:
+            unn = un + 1 + gl.where(w2, gap, 0)
+        elif AX == 1:
+            unn = un + 1 + gl.where(w1, gap, 0)
+        else:
+            unn = un + 1  # along the outermost axis a consumer's blocks are one run of the walk
+        cA = _on_axis(AX, nn0, nn1, nn2)
+        solo = (cA < olo) | (cA >= oend)
+    else:
+        unn = un + 1
+        solo = False
+    return nn0, nn1, nn2, unn, solo
 
 
 @gluon.jit
@@ -141,14 +171,41 @@ def _refill_to(desc, bufs, full, empty, li, lc0, lc1, lc2, target, n_walk, lo1, 
 
 
 @gluon.jit
+def _refill_some(desc, bufs, full, empty, li, lc0, lc1, lc2, target, n_walk, lo1, lo2, end1, end2,
+                 TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, NBYTES: gl.constexpr,
+                 REFILLS: gl.constexpr):
+    """``_refill_to`` inside a trip: at most REFILLS loads, predicated (no loop in the trip)."""
+    if REFILLS == 1:
+        # A walk of every block: the target is always the next position to load.
+        lc0, lc1, lc2 = _refill(desc, bufs, full, empty, li, lc0, lc1, lc2, n_walk,
+                                lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
+        li = li + 1
+    else:
+        # The first load as in a full walk (predicated); the second, needed once a row, behind a branch
+        # (predicated, it costs a trip about 60 SASS instructions).
+        go = li <= target
+        nc0, nc1, nc2 = _refill(desc, bufs, full, empty, li, lc0, lc1, lc2, gl.where(go, n_walk, 0),
+                                lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
+        lc0 = gl.where(go, nc0, lc0)
+        lc1 = gl.where(go, nc1, lc1)
+        lc2 = gl.where(go, nc2, lc2)
+        li = gl.where(go, li + 1, li)
+        if (li <= target) & (li < n_walk):
+            lc0, lc1, lc2 = _refill(desc, bufs, full, empty, li, lc0, lc1, lc2, n_walk,
+                                    lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
+            li = li + 1
+    return li, lc0, lc1, lc2
+
+
+@gluon.jit
 def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
           q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-          s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, nb1, nb2, mlo1, mlo2, mend1, mend2, olo, oend,
+          s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
           n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
           TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
           CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr,
           HEAD_DIM: gl.constexpr, p_layout: gl.constexpr, DEEP: gl.constexpr, LEAD: gl.constexpr,
-          LOADS_K: gl.constexpr, AX: gl.constexpr, NBYTES: gl.constexpr):
+          LOADS_K: gl.constexpr, AX: gl.constexpr, SKIP: gl.constexpr, NBYTES: gl.constexpr):
     """na_gluon's trip over this consumer's j-th block (first key c, box-walk position uj; the next one
     cn at un, the previous at up; s*: the other consumer skips it): its scores ``s`` in registers, p.v
     of the previous block in flight; then this consumer's refills."""
@@ -168,28 +225,27 @@ def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj,
     if DEEP:
         # q.k of the next block and p.v of the previous retired: their K and V slots are free.
         s, acc, p_prev = warpgroup_mma_wait(1, deps=[s_next, acc, p_prev])
-        _release(k_empty.index(ks_), sn, True)
-        _release(v_empty.index(up % KV_BUFFERS), sp, j > 0)
+        _release(k_empty.index(ks_), sn, True, SKIP)
+        _release(v_empty.index(up % KV_BUFFERS), sp, j > 0, SKIP)
     else:
         s, acc, p = warpgroup_mma_wait(0, deps=[s_next, acc, p])
-        _release(k_empty.index(ks_), sn, True)
-        _release(v_empty.index(vs_), sj, True)
-    # Advance: the block after next, its position and whether the other consumer skips it.
-    nn0, nn1, nn2 = next_block(cn0, cn1, cn2, mlo1, mlo2, mend1, mend2, TK0, TK1, TK2)
-    unn = _union_index(nn0, nn1, nn2, lo0, lo1, lo2, nb1, nb2, TK0, TK1, TK2)
-    cnA = _on_axis(AX, nn0, nn1, nn2)
-    snn = (cnA < olo) | (cnA >= oend)
-    # Refill this consumer's stream LEAD positions past its next block's, and never into a slot whose
-    # previous block this consumer has not freed (K: through the block after next; V: through this one).
-    if LOADS_K:
-        cap = unn + KV_BUFFERS - 1
-    elif DEEP:
-        cap = uj + KV_BUFFERS - 1
-    else:
-        cap = un + KV_BUFFERS - 1
-    li, lc0, lc1, lc2 = _refill_to(l_desc, l_bufs, l_full, l_empty, li, lc0, lc1, lc2,
-                                   gl.minimum(unn + LEAD - 2, cap), n_walk, lo1, lo2, end1, end2,
-                                   TK0, TK1, TK2, NBYTES)
+        _release(k_empty.index(ks_), sn, True, SKIP)
+        _release(v_empty.index(vs_), sj, True, SKIP)
+    nn0, nn1, nn2, unn, snn = _step(un, cn0, cn1, cn2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
+                                    TK0, TK1, TK2, AX, SKIP)
+    # Refill this consumer's stream LEAD positions past its next block's. With SKIP, never into a slot
+    # whose previous block this consumer has not freed (K: the block after next; V: this one), and
+    # two loads where this consumer's walk skips a block (its walk skips at most one at a time).
+    target = unn + LEAD - 2
+    if SKIP:
+        if LOADS_K:
+            target = gl.minimum(target, unn + KV_BUFFERS - 1)
+        elif DEEP:
+            target = gl.minimum(target, uj + KV_BUFFERS - 1)
+        else:
+            target = gl.minimum(target, un + KV_BUFFERS - 1)
+    li, lc0, lc1, lc2 = _refill_some(l_desc, l_bufs, l_full, l_empty, li, lc0, lc1, lc2, target, n_walk,
+                                     lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES, 2 if SKIP else 1)
     return (s, p, acc, l_i, cn0, cn1, cn2, nn0, nn1, nn2, uj, un, unn, sj, sn, snn, li, lc0, lc1, lc2)
 
 
@@ -197,13 +253,14 @@ def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj,
 def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty,
               o_desc, knorm, qk_scale,
               b0, b1, b2, N0, N1, N2, lo0, lo1, lo2, end1, end2, nb1, nb2, n_walk,
-              mlo0, mlo1, mlo2, mend1, mend2, n_mine, olo, oend, KS0, KS1, KS2,
+              mlo0, mlo1, mlo2, mend1, mend2, n_mine, gap, olo, oend, KS0, KS1, KS2,
               CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr,
               STRIDE0: gl.constexpr, STRIDE1: gl.constexpr, STRIDE2: gl.constexpr,
               SQ0: gl.constexpr, SQ1: gl.constexpr, SQ2: gl.constexpr,
               TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
               HEAD_DIM: gl.constexpr, POS_SCALE: gl.constexpr, Q_REGS: gl.constexpr, DEEP: gl.constexpr,
-              LEAD: gl.constexpr, LOADS_K: gl.constexpr, AX: gl.constexpr, NBYTES: gl.constexpr):
+              LEAD: gl.constexpr, LOADS_K: gl.constexpr, AX: gl.constexpr, SKIP: gl.constexpr,
+              NBYTES: gl.constexpr):
     """One warpgroup's 64 queries (origin b0, b1, b2, shape SQ0 x SQ1 x SQ2) over its n_mine blocks of
     the tile's box walk (first key mlo, inner ends mend; the other consumer's blocks lie in
     [olo, oend) along the split axis); it also loads one stream of the whole walk (``l_desc``: K or V),
@@ -248,12 +305,12 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
     c1 = mlo1
     c2 = mlo2
     uj = _union_index(c0, c1, c2, lo0, lo1, lo2, nb1, nb2, TK0, TK1, TK2)
-    cA = _on_axis(AX, c0, c1, c2)
-    sj = (cA < olo) | (cA >= oend)
-    cn0, cn1, cn2 = next_block(c0, c1, c2, mlo1, mlo2, mend1, mend2, TK0, TK1, TK2)
-    un = _union_index(cn0, cn1, cn2, lo0, lo1, lo2, nb1, nb2, TK0, TK1, TK2)
-    cA = _on_axis(AX, cn0, cn1, cn2)
-    sn = (cA < olo) | (cA >= oend)
+    if SKIP:
+        cA = _on_axis(AX, c0, c1, c2)
+        sj = (cA < olo) | (cA >= oend)
+    else:
+        sj = False
+    cn0, cn1, cn2, un, sn = _step(uj, c0, c1, c2, mlo1, mlo2, mend1, mend2, gap, olo, oend, TK0, TK1, TK2, AX, SKIP)
     # This consumer's stream through LEAD - 1 positions past its second block.
     li = 0
     lc0 = lo0
@@ -272,7 +329,7 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
         s = warpgroup_mma(q_op, k_bufs.index(ks0_).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
-        _release(k_empty.index(ks0_), sj, True)
+        _release(k_empty.index(ks0_), sj, True, SKIP)
         up = uj
         sp = sj
         # Unrolled by two, as in na_gluon (alternate registers for consecutive trips' scores).
@@ -280,22 +337,22 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
             (s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2) = _trip(
                 2 * jj, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
                 q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-                s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, nb1, nb2, mlo1, mlo2, mend1, mend2, olo, oend,
+                s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
                 n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, NBYTES)
+                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, SKIP, NBYTES)
             (s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2) = _trip(
                 2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
                 q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-                s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, nb1, nb2, mlo1, mlo2, mend1, mend2, olo, oend,
+                s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
                 n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, NBYTES)
+                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, SKIP, NBYTES)
         if (n_mine - 1) % 2 == 1:
             (s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2) = _trip(
                 n_mine - 2, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
                 q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-                s_zero, m_i, qk_scale, lo0, lo1, lo2, end1, end2, nb1, nb2, mlo1, mlo2, mend1, mend2, olo, oend,
+                s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
                 n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, NBYTES)
+                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, SKIP, NBYTES)
         p = _probs(s, m_i, qk_scale, c0, c1, c2,
                    n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
                    TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
@@ -307,8 +364,8 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
         acc, p, p_prev = warpgroup_mma_wait(0, deps=[acc, p, p_prev])
         # The last V slots are freed too: the stream loads that follow may reuse them.
         if DEEP:
-            _release(v_empty.index(up % KV_BUFFERS), sp, n_mine > 1)
-        _release(v_empty.index(vs_), sj, True)
+            _release(v_empty.index(up % KV_BUFFERS), sp, n_mine > 1, SKIP)
+        _release(v_empty.index(vs_), sj, True, SKIP)
 
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         # This warpgroup's q buffer holds its output rows for the TMA store (its wgmmas are done).
@@ -436,6 +493,7 @@ def na_fwd_ws_kernel(
     e0 = nbA
     f1 = 0
     e1 = nbA
+    inner = 1
     if SKIP:
         aA = _on_axis(AX, a0, a1, a2)
         NA = _on_axis(AX, N0, N1, N2)
@@ -446,9 +504,9 @@ def na_fwd_ws_kernel(
         g0_, h0_ = _half_blocks(aA, NA, loA, 0, SQA, KSA, STA, CAA, TKA)
         g1_, h1_ = _half_blocks(aA, NA, loA, 1, SQA, KSA, STA, CAA, TKA)
         # Blocks of the walk between two of a consumer's consecutive blocks: where a row of the split
-        # axis leaves out more than 2 (a K or V slot still in use would be the next one's), both walk all.
+        # axis leaves out more than one (a trip's two refills would fall behind), both walk all.
         inner = 1 if AX == 2 else (nb2 if AX == 1 else nb1 * nb2)
-        ok = ((nbA - h0_ + g0_) * inner <= 2) & ((nbA - h1_ + g1_) * inner <= 2)
+        ok = ((nbA - h0_ + g0_) * inner <= 1) & ((nbA - h1_ + g1_) * inner <= 1)
         f0 = gl.where(ok, g0_, 0)
         e0 = gl.where(ok, h0_, nbA)
         f1 = gl.where(ok, g1_, 0)
@@ -466,15 +524,17 @@ def na_fwd_ws_kernel(
         (_consumer, (q_smem.index(0), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                      k_desc, k_bufs, k_full, k_empty, o_desc, knorm, qk_scale,
                      a0, a1, a2, N0, N1, N2, lo0, lo1, lo2, end1, end2, nb1, nb2, n_walk,
-                     m0lo0, m0lo1, m0lo2, m0end1, m0end2, per_row * (e0 - f0), loA + f1 * TKA, loA + e1 * TKA,
+                     m0lo0, m0lo1, m0lo2, m0end1, m0end2, per_row * (e0 - f0), (nbA - e0 + f0) * inner,
+                     loA + f1 * TKA, loA + e1 * TKA,
                      KS0, KS1, KS2, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2,
-                     TK0, TK1, TK2, HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, True, AX, NBYTES)),
+                     TK0, TK1, TK2, HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, True, AX, SKIP, NBYTES)),
         (_consumer, (q_smem.index(1), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                      v_desc, v_bufs, v_full, v_empty, o_desc, knorm, qk_scale,
                      a0 + d0, a1 + d1, a2 + d2, N0, N1, N2, lo0, lo1, lo2, end1, end2, nb1, nb2, n_walk,
-                     m1lo0, m1lo1, m1lo2, m1end1, m1end2, per_row * (e1 - f1), loA + f0 * TKA, loA + e0 * TKA,
+                     m1lo0, m1lo1, m1lo2, m1end1, m1end2, per_row * (e1 - f1), (nbA - e1 + f1) * inner,
+                     loA + f0 * TKA, loA + e0 * TKA,
                      KS0, KS1, KS2, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2,
-                     TK0, TK1, TK2, HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, False, AX, NBYTES)),
+                     TK0, TK1, TK2, HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, False, AX, SKIP, NBYTES)),
     ], [4], [CONSUMER_REGS])
 
     mbarrier.invalidate(q_bar)

@@ -132,8 +132,8 @@ def paired_pairs(
 ) -> int:
     """``visited_pairs`` for na_gluon_ws's skipping walk: each Q tile is two halves split along
     ``axis``, and each half computes only the tile's KV blocks (on the tile's block grid) that hold keys
-    of its own windows. Where a half would leave out more than 2 blocks between two of its own, both
-    halves walk the whole box (the kernel's rule: its K/V rings have 4 slots)."""
+    of its own windows. Where a half would leave out more than one block between two of its own, both
+    halves walk the whole box (the kernel's rule: a trip refills at most two slots)."""
     axes = list(zip(pad3(tuple(spatial), 1), pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1),
                     pad3(tuple(is_causal), False), pad3(tuple(stride), 1), config.q_tile, config.kv_tile,
                     strict=True))
@@ -161,7 +161,7 @@ def paired_pairs(
         spans = (t0, t1, t2)[axis][2]
         inner = math.prod(nbs[axis + 1:])
         others = math.prod(nbs) // nbs[axis]
-        ok = all((nbs[axis] - e + f) * inner <= 2 for f, e in spans)
+        ok = all((nbs[axis] - e + f) * inner <= 1 for f, e in spans)
         blocks = sum(e - f for f, e in spans) if ok else 2 * nbs[axis]
         total += half * math.prod(config.q_tile) // config.q_tile[axis] * blocks * others * block_n
     return total
