@@ -37,11 +37,7 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "2d": "2-D imag
 GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": True},
          "pipelined q smem": {"Q_REGS": False}, "pipelined shallow": {"DEEP": False},
          "ws q 128": {}, "ws q 128 q regs": {"Q_REGS": True}, "ws q 128 q smem": {"Q_REGS": False},
-         "ws q 128 shallow": {"DEEP": False},
-         # Two of the shipped 64-query tiles side by side along an axis, each consumer walking only the
-         # blocks that hold keys of its half's windows ("full": both walk the whole box).
-         **{f"ws pair {a}": {"SPLIT": a, "SKIP": True} for a in range(3)},
-         **{f"ws pair {a} full": {"SPLIT": a, "SKIP": False} for a in range(3)}}
+         "ws q 128 shallow": {"DEEP": False}}
 # 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
 TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
 
@@ -55,8 +51,7 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
            ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
            ("shift flipped", dataclasses.replace(base, shift=not base.shift)),
            ("pipelined flipped", dataclasses.replace(base, pipelined=not base.pipelined)),
-           *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON
-             if label not in TALL and not label.startswith("ws pair"))]
+           *((label, dataclasses.replace(base, pipelined=True)) for label in GLUON if label not in TALL)]
     def tiles(**blocks: int) -> K.NAConfig:
         """The shipped launch (TMA, shift, stages) with choose_config's tiles for other block sizes."""
         pick = C.choose_config(spatial, lead + case.kernel, (1, 1, 1), case.dim, **blocks)
@@ -64,11 +59,6 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
 
     wide, tall, narrow = tiles(block_n=128), tiles(block_m=128), tiles(block_n=32)
     out += [(label, dataclasses.replace(tall, pipelined=True)) for label in TALL]
-    for label, opts in GLUON.items():
-        if label.startswith("ws pair"):
-            a = opts["SPLIT"]
-            pair = tuple(t * 2 if i == a else t for i, t in enumerate(base.q_tile))
-            out.append((label, dataclasses.replace(base, q_tile=pair, pipelined=True)))
     out += [("kv 128", wide), ("kv 128 stages 2", dataclasses.replace(wide, num_stages=2)),
             ("q 128 / 8 warps", dataclasses.replace(tall, num_stages=2)),
             ("kv 32", dataclasses.replace(narrow, num_stages=4)), ("kv 32 stages 3", narrow),
@@ -141,9 +131,6 @@ def main() -> None:
                 print(f"  {label:<18} {cfg!s:<60} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
             computed = K.visited_pairs(case.spatial, case.kernel, (1,) * n, (False,) * n, (1,) * n, cfg)
-            if GLUON.get(label, {}).get("SKIP"):
-                computed = C.paired_pairs(case.spatial, case.kernel, (1,) * n, (False,) * n, (1,) * n, cfg,
-                                          GLUON[label]["SPLIT"] - (3 - n))
             print(f"  {label:<18} q{cfg.q_tile} kv{cfg.kv_tile} w{cfg.num_warps} s{cfg.num_stages} tma {int(cfg.tma)}"
                   f" shift {int(cfg.shift)}"
                   f": {ms:8.3f} ms  useful {flops * pairs / ms / 1e9:5.0f}  computed "

@@ -780,12 +780,11 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int, monkeypatch):
     bound, on walks of 1 to many blocks, dilation,
     causal axes, strided windows, partial tiles, windows much larger than the tile, loose-bound tiles
     handed to the online launch (q x 60) and a negative scale: na_gluon at 64- and 128-query tiles,
-    na_gluon_ws (warp-specialized) at 128, also as two 64-query tiles that skip each other's blocks."""
+    na_gluon_ws (warp-specialized) at 128."""
     import dataclasses
 
-    from xbackend.kernels import na_gluon_ws, na_triton
+    from xbackend.kernels import na_triton
 
-    shipped = dict(na_gluon_ws.OPTIONS)
     cases = [((13, 12, 17), (5, 7, 9), (1, 1, 1), (False,) * 3, None, None),
              ((21, 30, 22), (5, 7, 3), (2, 3, 1), (True, False, False), None, None),
              ((9, 20, 24), (3, 9, 9), (1, 1, 1), (False,) * 3, (1, 3, 3), None),
@@ -805,16 +804,11 @@ def test_gluon_gpu_pipelined_shift_launch(head_dim: int, monkeypatch):
                                            is_causal=causal)
             tall = dataclasses.replace(base, pipelined=True, q_tile=tall.q_tile, kv_tile=tall.kv_tile)
             # 64-query tiles; 128-query tiles warp-specialized and as one 8-warp program.
-            runs = [(dataclasses.replace(base, pipelined=True), False, {}), (tall, True, {}), (tall, False, {})]
-            # Two 64-query tiles side by side, each consumer walking only its half's blocks.
-            runs += [(cfg, True, {"SPLIT": axis, "SKIP": True}) for axis, cfg in _pair_configs(base)]
-            for cfg, ws, ws_options in runs:
+            for cfg, ws in ((dataclasses.replace(base, pipelined=True), False), (tall, True), (tall, False)):
                 assert na_triton.na_gluon.gluon_supports(head_dim, cfg.q_tile, cfg.kv_tile), cfg
                 monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", ws)
-                monkeypatch.setattr(na_gluon_ws, "OPTIONS", {**shipped, **ws_options})
                 got = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
-                assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, cfg.q_tile, ws, ws_options,
-                                                  rel_err(got, ref))
+                assert rel_err(got, ref) < 5e-3, (spatial, kernel, q_scale, cfg.q_tile, ws, rel_err(got, ref))
 
 
 @pytest.mark.gpu
@@ -839,15 +833,6 @@ def test_gluon_gpu_schedules_bit_identical(head_dim: int, monkeypatch):
     triton_shift = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
                                                     config=dataclasses.replace(cfg, pipelined=False))
     assert torch.equal(outs[0], triton_shift), (outs[0].float() - triton_shift.float()).abs().max()
-
-
-def _pair_configs(base):
-    """(axis, config): ``base``'s 64-query tile doubled along each axis, pipelined (na_gluon_ws's halves)."""
-    import dataclasses
-
-    for axis in range(3):
-        tile = tuple(t * 2 if i == axis else t for i, t in enumerate(base.q_tile))
-        yield axis, dataclasses.replace(base, q_tile=tile, pipelined=True)
 
 
 def ws_sass_counts(head_dim: int) -> list:
@@ -905,21 +890,18 @@ def test_gluon_warp_specialized_compiles_pipelined_for_sm90(head_dim: int):
 def test_gluon_gpu_warp_specialized_bit_identical(head_dim: int, monkeypatch):
     """At 128-query tiles the warp-specialized kernel gives na_gluon's 8-warp kernel's output and
     na_triton's shift launch's, to the last bit (the same walk per query row), with and without
-    loose-bound tiles (q x 60, left to the online launch); also as two 64-query tiles side by side
-    along each axis, with and without skipping the blocks outside a half's windows."""
+    loose-bound tiles (q x 60, left to the online launch)."""
     import dataclasses
 
-    from xbackend.kernels import na_gluon_ws, na_triton
-
-    shipped = dict(na_gluon_ws.OPTIONS)
+    from xbackend.kernels import na_triton
 
     for spatial, kernel in (((10, 24, 24), (8, 16, 16)), ((7, 20, 28), (5, 9, 11))):
         for q_scale in (1.0, 60.0):
             q, k, v = make_qkv(spatial, 2, head_dim, torch.float32, seed=33, device="cuda")
             q, k, v = (q * q_scale).bfloat16(), k.bfloat16(), v.bfloat16()
             tall = na_triton.choose_config(spatial, kernel, (1,) * 3, head_dim, block_m=128)
-            base = na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3)
-            cfg = dataclasses.replace(base, q_tile=tall.q_tile, kv_tile=tall.kv_tile, pipelined=True)
+            cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3),
+                                      q_tile=tall.q_tile, kv_tile=tall.kv_tile, pipelined=True)
             outs = []
             for ws in (True, False):
                 monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", ws)
@@ -929,20 +911,6 @@ def test_gluon_gpu_warp_specialized_bit_identical(head_dim: int, monkeypatch):
                                                          config=dataclasses.replace(cfg, pipelined=False)))
             for o in outs[1:]:
                 assert torch.equal(outs[0], o), (spatial, q_scale, (outs[0].float() - o.float()).abs().max())
-            # Two 64-query tiles side by side: skipping the blocks outside a half's windows leaves out
-            # exact zeros, so the output is the full walk's and na_triton's at the same tiles.
-            monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", True)
-            for axis, pair in _pair_configs(dataclasses.replace(cfg, q_tile=base.q_tile, kv_tile=base.kv_tile)):
-                outs = []
-                for skip in (True, False):
-                    monkeypatch.setattr(na_gluon_ws, "OPTIONS", {**shipped, "SPLIT": axis, "SKIP": skip})
-                    outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
-                                                                 config=pair))
-                outs.append(na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None,
-                                                             config=dataclasses.replace(pair, pipelined=False)))
-                for o in outs[1:]:
-                    assert torch.equal(outs[0], o), (spatial, q_scale, axis,
-                                                     (outs[0].float() - o.float()).abs().max())
 
 
 @pytest.mark.gpu

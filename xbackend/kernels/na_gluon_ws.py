@@ -53,95 +53,18 @@ V_LEAD = gl.constexpr(2)
 CONSUMER_REGS = gl.constexpr(256)
 # Over na_gluon.options: q stays in shared memory (with q in registers Triton 3.9 spills 72 B a thread
 # at head_dim 128; the H200 measurements of this kernel are with q in shared memory).
-OPTIONS = {"Q_REGS": False, "SPLIT": -1, "SKIP": False}
+OPTIONS = {"Q_REGS": False}
 
 
 @triton.constexpr_function
-def _split_axis(tq0, tq1, tq2, split):
-    # The two consumers' halves: the given axis, or (-1) the outermost axis that is at least 2 wide.
-    if split >= 0:
-        return split
+def _split_axis(tq0, tq1, tq2):
+    # The two consumers' halves: split the outermost axis that is at least 2 wide.
     return 0 if tq0 >= 2 else (1 if tq1 >= 2 else 2)
 
 
 @triton.constexpr_function
 def _half(t, axis, a):
     return t // 2 if axis == a else t
-
-
-@gluon.jit
-def _on_axis(AX: gl.constexpr, x0, x1, x2):
-    if AX == 0:
-        return x0
-    elif AX == 1:
-        return x1
-    else:
-        return x2
-
-
-@gluon.jit
-def _shift_axis(AX: gl.constexpr, x0, x1, x2, v):
-    """(x0, x1, x2) with the split axis's coordinate replaced by v."""
-    if AX == 0:
-        return v, x1, x2
-    elif AX == 1:
-        return x0, v, x2
-    else:
-        return x0, x1, v
-
-
-@gluon.jit
-def _union_index(c0, c1, c2, lo0, lo1, lo2, nb1, nb2, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr):
-    """The position in the tile's box walk (axis 2 fastest) of the block whose first key is (c0, c1, c2):
-    its ring slot and phase."""
-    return ((c0 - lo0) // TK0 * nb1 + (c1 - lo1) // TK1) * nb2 + (c2 - lo2) // TK2
-
-
-@gluon.jit
-def _half_blocks(a, n, lo, h: gl.constexpr, SQ: gl.constexpr, KS, STRIDE: gl.constexpr, CAUSAL: gl.constexpr,
-                 TK: gl.constexpr):
-    """Blocks [f, e) along the split axis, on the tile's block grid, that hold keys of half h's
-    windows (its rows clamped to the axis end, as the consumer clamps them)."""
-    s = win_start(gl.minimum(a + h * SQ, n - 1), n, KS, STRIDE, CAUSAL)
-    e = win_end(gl.minimum(a + (h + 1) * SQ - 1, n - 1), n, KS, STRIDE, CAUSAL)
-    return (s - lo) // TK, (e - lo + TK - 1) // TK
-
-
-@gluon.jit
-def _release(bar, solo, pred, SKIP: gl.constexpr):
-    """Free a slot for this consumer and, where the other consumer skips the block (``solo``), for it too."""
-    if SKIP:
-        # One arrive either way: each costs the warpgroup a barrier (bar.sync) before it.
-        if solo:
-            mbarrier.arrive(bar, count=2, pred=pred)
-        else:
-            mbarrier.arrive(bar, pred=pred)
-    else:
-        mbarrier.arrive(bar, pred=pred)
-
-
-@gluon.jit
-def _step(un, cn0, cn1, cn2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
-          TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, AX: gl.constexpr, SKIP: gl.constexpr):
-    """This consumer's block after the one at (cn0, cn1, cn2), box-walk position ``un``: its first key,
-    its position (``gap`` further where this consumer's walk wraps the split axis) and whether the other
-    consumer skips it. Carried, not divided out of the coordinates (integer divides cost a trip dearly)."""
-    w2 = cn2 + TK2 >= mend2
-    w1 = w2 & (cn1 + TK1 >= mend1)
-    nn0, nn1, nn2 = next_block(cn0, cn1, cn2, mlo1, mlo2, mend1, mend2, TK0, TK1, TK2)
-    if SKIP:
-        if AX == 2:
-            unn = un + 1 + gl.where(w2, gap, 0)
-        elif AX == 1:
-            unn = un + 1 + gl.where(w1, gap, 0)
-        else:
-            unn = un + 1  # along the outermost axis a consumer's blocks are one run of the walk
-        cA = _on_axis(AX, nn0, nn1, nn2)
-        solo = (cA < olo) | (cA >= oend)
-    else:
-        unn = un + 1
-        solo = False
-    return nn0, nn1, nn2, unn, solo
 
 
 @gluon.jit
@@ -159,59 +82,18 @@ def _refill(desc, bufs, full, empty, i, c0, c1, c2, n_walk, lo1, lo2, end1, end2
 
 
 @gluon.jit
-def _refill_to(desc, bufs, full, empty, li, lc0, lc1, lc2, target, n_walk, lo1, lo2, end1, end2,
-               TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, NBYTES: gl.constexpr):
-    """This consumer's stream loaded through box-walk position ``target`` (at most the walk's end): the
-    next position to load and its cursor."""
-    stop = gl.minimum(target + 1, n_walk)
-    for i in range(li, stop):
-        lc0, lc1, lc2 = _refill(desc, bufs, full, empty, i, lc0, lc1, lc2, n_walk, lo1, lo2, end1, end2,
-                                TK0, TK1, TK2, NBYTES)
-    return gl.maximum(li, stop), lc0, lc1, lc2
-
-
-@gluon.jit
-def _refill_some(desc, bufs, full, empty, li, lc0, lc1, lc2, target, n_walk, lo1, lo2, end1, end2,
-                 TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, NBYTES: gl.constexpr,
-                 REFILLS: gl.constexpr):
-    """``_refill_to`` inside a trip: at most REFILLS loads, predicated (no loop in the trip)."""
-    if REFILLS == 1:
-        # A walk of every block: the target is always the next position to load.
-        lc0, lc1, lc2 = _refill(desc, bufs, full, empty, li, lc0, lc1, lc2, n_walk,
-                                lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
-        li = li + 1
-    else:
-        # The first load as in a full walk (predicated); the second, needed once a row, behind a branch
-        # (predicated, it costs a trip about 60 SASS instructions).
-        go = li <= target
-        nc0, nc1, nc2 = _refill(desc, bufs, full, empty, li, lc0, lc1, lc2, gl.where(go, n_walk, 0),
-                                lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
-        lc0 = gl.where(go, nc0, lc0)
-        lc1 = gl.where(go, nc1, lc1)
-        lc2 = gl.where(go, nc2, lc2)
-        li = gl.where(go, li + 1, li)
-        if (li <= target) & (li < n_walk):
-            lc0, lc1, lc2 = _refill(desc, bufs, full, empty, li, lc0, lc1, lc2, n_walk,
-                                    lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
-            li = li + 1
-    return li, lc0, lc1, lc2
-
-
-@gluon.jit
-def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
-          q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-          s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
-          n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
+          l_desc, l_bufs, l_full, l_empty, n_walk,
+          s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
           TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
           CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr,
           HEAD_DIM: gl.constexpr, p_layout: gl.constexpr, DEEP: gl.constexpr, LEAD: gl.constexpr,
-          LOADS_K: gl.constexpr, AX: gl.constexpr, SKIP: gl.constexpr, NBYTES: gl.constexpr):
-    """na_gluon's trip over this consumer's j-th block (first key c, box-walk position uj; the next one
-    cn at un, the previous at up; s*: the other consumer skips it): its scores ``s`` in registers, p.v
-    of the previous block in flight; then this consumer's refills."""
+          NBYTES: gl.constexpr):
+    """na_gluon's trip: block j's scores ``s`` in registers, p.v of j - 1 in flight; this consumer's
+    refill (block j + LEAD of its stream) at the end."""
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
-    ks_ = un % KV_BUFFERS
-    mbarrier.wait(k_full.index(ks_), (un // KV_BUFFERS) & 1)
+    ks_ = (j + 1) % KV_BUFFERS
+    mbarrier.wait(k_full.index(ks_), ((j + 1) // KV_BUFFERS) & 1)
     s_next = warpgroup_mma(q_op, k_bufs.index(ks_).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                            use_acc=False, is_async=True)
     p = _probs(s, m_i, qk_scale, c0, c1, c2,
@@ -219,52 +101,36 @@ def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj,
                TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
     l_i = l_i + gl.sum(p, 1)
     p = gl.convert_layout(p.to(p_prev.dtype), p_layout)
-    vs_ = uj % KV_BUFFERS
-    mbarrier.wait(v_full.index(vs_), (uj // KV_BUFFERS) & 1)
+    vs_ = j % KV_BUFFERS
+    mbarrier.wait(v_full.index(vs_), (j // KV_BUFFERS) & 1)
     acc = warpgroup_mma(p, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
     if DEEP:
-        # q.k of the next block and p.v of the previous retired: their K and V slots are free.
+        # q.k of block j+1 and p.v of block j-1 retired: their K and V slots are free.
         s, acc, p_prev = warpgroup_mma_wait(1, deps=[s_next, acc, p_prev])
-        _release(k_empty.index(ks_), sn, True, SKIP)
-        _release(v_empty.index(up % KV_BUFFERS), sp, j > 0, SKIP)
+        mbarrier.arrive(k_empty.index(ks_))
+        mbarrier.arrive(v_empty.index((j + KV_BUFFERS - 1) % KV_BUFFERS), pred=j > 0)
     else:
         s, acc, p = warpgroup_mma_wait(0, deps=[s_next, acc, p])
-        _release(k_empty.index(ks_), sn, True, SKIP)
-        _release(v_empty.index(vs_), sj, True, SKIP)
-    nn0, nn1, nn2, unn, snn = _step(un, cn0, cn1, cn2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
-                                    TK0, TK1, TK2, AX, SKIP)
-    # Refill this consumer's stream LEAD positions past its next block's. With SKIP, never into a slot
-    # whose previous block this consumer has not freed (K: the block after next; V: this one), and
-    # two loads where this consumer's walk skips a block (its walk skips at most one at a time).
-    target = unn + LEAD - 2
-    if SKIP:
-        if LOADS_K:
-            target = gl.minimum(target, unn + KV_BUFFERS - 1)
-        elif DEEP:
-            target = gl.minimum(target, uj + KV_BUFFERS - 1)
-        else:
-            target = gl.minimum(target, un + KV_BUFFERS - 1)
-    li, lc0, lc1, lc2 = _refill_some(l_desc, l_bufs, l_full, l_empty, li, lc0, lc1, lc2, target, n_walk,
-                                     lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES, 2 if SKIP else 1)
-    return (s, p, acc, l_i, cn0, cn1, cn2, nn0, nn1, nn2, uj, un, unn, sj, sn, snn, li, lc0, lc1, lc2)
+        mbarrier.arrive(k_empty.index(ks_))
+        mbarrier.arrive(v_empty.index(vs_))
+    lc0, lc1, lc2 = _refill(l_desc, l_bufs, l_full, l_empty, j + LEAD, lc0, lc1, lc2, n_walk, lo1, lo2, end1, end2,
+                            TK0, TK1, TK2, NBYTES)
+    c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    return s, p, acc, l_i, c0, c1, c2, lc0, lc1, lc2
 
 
 @gluon.jit
 def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty,
               o_desc, knorm, qk_scale,
-              b0, b1, b2, N0, N1, N2, lo0, lo1, lo2, end1, end2, nb1, nb2, n_walk,
-              mlo0, mlo1, mlo2, mend1, mend2, n_mine, gap, olo, oend, KS0, KS1, KS2,
+              b0, b1, b2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
               CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr,
               STRIDE0: gl.constexpr, STRIDE1: gl.constexpr, STRIDE2: gl.constexpr,
               SQ0: gl.constexpr, SQ1: gl.constexpr, SQ2: gl.constexpr,
               TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
               HEAD_DIM: gl.constexpr, POS_SCALE: gl.constexpr, Q_REGS: gl.constexpr, DEEP: gl.constexpr,
-              LEAD: gl.constexpr, LOADS_K: gl.constexpr, AX: gl.constexpr, SKIP: gl.constexpr,
-              NBYTES: gl.constexpr):
-    """One warpgroup's 64 queries (origin b0, b1, b2, shape SQ0 x SQ1 x SQ2) over its n_mine blocks of
-    the tile's box walk (first key mlo, inner ends mend; the other consumer's blocks lie in
-    [olo, oend) along the split axis); it also loads one stream of the whole walk (``l_desc``: K or V),
-    LEAD positions ahead of its own."""
+              LEAD: gl.constexpr, NBYTES: gl.constexpr):
+    """One warpgroup's 64 queries (origin b0, b1, b2, shape SQ0 x SQ1 x SQ2) over the tile's key box;
+    it also loads one stream (``l_desc``: K or V), LEAD blocks ahead of its walk."""
     HALF_M: gl.constexpr = SQ0 * SQ1 * SQ2
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
     NW: gl.constexpr = 4
@@ -300,82 +166,61 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
         q_op = q2
     m_i = gl.convert_layout(gl.sqrt(gl.sum(qf * qf, 1)), rows) * knorm * gl.abs(qk_scale)
 
-    # This consumer's first two blocks: positions and whether the other consumer skips them.
-    c0 = mlo0
-    c1 = mlo1
-    c2 = mlo2
-    uj = _union_index(c0, c1, c2, lo0, lo1, lo2, nb1, nb2, TK0, TK1, TK2)
-    if SKIP:
-        cA = _on_axis(AX, c0, c1, c2)
-        sj = (cA < olo) | (cA >= oend)
-    else:
-        sj = False
-    cn0, cn1, cn2, un, sn = _step(uj, c0, c1, c2, mlo1, mlo2, mend1, mend2, gap, olo, oend, TK0, TK1, TK2, AX, SKIP)
-    # This consumer's stream through LEAD - 1 positions past its second block.
-    li = 0
+    # This consumer's stream: its first LEAD blocks (the others come LEAD trips ahead of use).
     lc0 = lo0
     lc1 = lo1
     lc2 = lo2
-    li, lc0, lc1, lc2 = _refill_to(l_desc, l_bufs, l_full, l_empty, li, lc0, lc1, lc2,
-                                   gl.minimum(un + LEAD - 2, uj + KV_BUFFERS - 1), n_walk,
-                                   lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
-    if n_mine > 0:
+    for i in gl.static_range(LEAD):
+        lc0, lc1, lc2 = _refill(l_desc, l_bufs, l_full, l_empty, i, lc0, lc1, lc2, n_walk, lo1, lo2, end1, end2,
+                                TK0, TK1, TK2, NBYTES)
+    if n_walk > 0:
         s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, s_layout)
         acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, o_layout)
         l_i = gl.zeros([HALF_M], gl.float32, rows)
         p_prev = gl.zeros([HALF_M, BLOCK_N], dtype, p_layout)
-        ks0_ = uj % KV_BUFFERS
-        mbarrier.wait(k_full.index(ks0_), (uj // KV_BUFFERS) & 1)
-        s = warpgroup_mma(q_op, k_bufs.index(ks0_).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+        mbarrier.wait(k_full.index(0), 0)
+        s = warpgroup_mma(q_op, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
-        _release(k_empty.index(ks0_), sj, True, SKIP)
-        up = uj
-        sp = sj
+        mbarrier.arrive(k_empty.index(0))
+        c0 = lo0
+        c1 = lo1
+        c2 = lo2
         # Unrolled by two, as in na_gluon (alternate registers for consecutive trips' scores).
-        for jj in range(0, (n_mine - 1) // 2):
-            (s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2) = _trip(
-                2 * jj, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
-                q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-                s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
-                n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, SKIP, NBYTES)
-            (s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2) = _trip(
-                2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
-                q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-                s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
-                n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, SKIP, NBYTES)
-        if (n_mine - 1) % 2 == 1:
-            (s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2) = _trip(
-                n_mine - 2, s, p_prev, acc, l_i, c0, c1, c2, cn0, cn1, cn2, up, uj, un, sp, sj, sn, li, lc0, lc1, lc2,
-                q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty, n_walk,
-                s_zero, m_i, qk_scale, lo1, lo2, end1, end2, mlo1, mlo2, mend1, mend2, gap, olo, oend,
-                n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP, LEAD, LOADS_K, AX, SKIP, NBYTES)
+        for jj in range(0, (n_walk - 1) // 2):
+            s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
+                2 * jj, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
+                l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
+                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
+                LEAD, NBYTES)
+            s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
+                2 * jj + 1, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
+                l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
+                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
+                LEAD, NBYTES)
+        if (n_walk - 1) % 2 == 1:
+            s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2 = _trip(
+                n_walk - 2, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
+                l_desc, l_bufs, l_full, l_empty, n_walk, s_zero, m_i, qk_scale, lo1, lo2, end1, end2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
+                KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE, HEAD_DIM, p_layout, DEEP,
+                LEAD, NBYTES)
+        last = n_walk - 1
         p = _probs(s, m_i, qk_scale, c0, c1, c2,
                    n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
                    TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, POS_SCALE)
         l_i = l_i + gl.sum(p, 1)
         p = gl.convert_layout(p.to(dtype), p_layout)
-        vs_ = uj % KV_BUFFERS
-        mbarrier.wait(v_full.index(vs_), (uj // KV_BUFFERS) & 1)
+        vs_ = last % KV_BUFFERS
+        mbarrier.wait(v_full.index(vs_), (last // KV_BUFFERS) & 1)
         acc = warpgroup_mma(p, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         acc, p, p_prev = warpgroup_mma_wait(0, deps=[acc, p, p_prev])
-        # The last V slots are freed too: the stream loads that follow may reuse them.
-        if DEEP:
-            _release(v_empty.index(up % KV_BUFFERS), sp, n_mine > 1, SKIP)
-        _release(v_empty.index(vs_), sj, True, SKIP)
 
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         # This warpgroup's q buffer holds its output rows for the TMA store (its wgmmas are done).
         q2.store(acc.to(dtype))
         fence_async_shared()
         _tma_store(o_desc, [b0, b1, b2, 0], q_buf)
-    # The rest of this consumer's stream: blocks past its own walk that the other consumer needs.
-    li, lc0, lc1, lc2 = _refill_to(l_desc, l_bufs, l_full, l_empty, li, lc0, lc1, lc2, n_walk, n_walk,
-                                   lo1, lo2, end1, end2, TK0, TK1, TK2, NBYTES)
-    tma.store_wait(0)
+        tma.store_wait(0)
 
 
 @gluon.jit
@@ -401,12 +246,10 @@ def na_fwd_ws_kernel(
     POS_SCALE: gl.constexpr,
     Q_REGS: gl.constexpr,  # q.k's A operand (q) from registers instead of shared memory
     DEEP: gl.constexpr,  # leave a trip's p.v in flight through the next trip (two P register sets)
-    SPLIT: gl.constexpr,  # the axis the tile is split along into the consumers' halves (-1: outermost >= 2 wide)
-    SKIP: gl.constexpr,  # each consumer walks only the blocks that hold keys of its half's windows
     num_warps: gl.constexpr,  # 4: the first consumer warpgroup; the second is a worker partition
 ):
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
-    AX: gl.constexpr = _split_axis(TQ0, TQ1, TQ2, SPLIT)
+    AX: gl.constexpr = _split_axis(TQ0, TQ1, TQ2)
     SQ0: gl.constexpr = _half(TQ0, AX, 0)
     SQ1: gl.constexpr = _half(TQ1, AX, 1)
     SQ2: gl.constexpr = _half(TQ2, AX, 2)
@@ -480,61 +323,17 @@ def na_fwd_ws_kernel(
     gl.store(FLAGS + flat_pid, 1, mask=live & (fixed == 0))
     n_walk = gl.where(fixed, n_blocks, 0)
 
-    # Each consumer's blocks: the whole walk, or with SKIP those that hold keys of its half's windows (a
-    # block outside them would add exact zeros). The rest of the walk is the same for both; along the
-    # split axis half 0 takes blocks [f0, e0) of the box's nbA, half 1 [f1, e1).
-    nb0 = gl.cdiv(hi0 - lo0, TK0)
-    nb1 = (end1 - lo1) // TK1
-    nb2 = (end2 - lo2) // TK2
-    loA = _on_axis(AX, lo0, lo1, lo2)
-    nbA = _on_axis(AX, nb0, nb1, nb2)
-    TKA: gl.constexpr = TK0 if AX == 0 else (TK1 if AX == 1 else TK2)
-    f0 = 0
-    e0 = nbA
-    f1 = 0
-    e1 = nbA
-    inner = 1
-    if SKIP:
-        aA = _on_axis(AX, a0, a1, a2)
-        NA = _on_axis(AX, N0, N1, N2)
-        KSA = _on_axis(AX, KS0, KS1, KS2)
-        SQA: gl.constexpr = SQ0 if AX == 0 else (SQ1 if AX == 1 else SQ2)
-        STA: gl.constexpr = STRIDE0 if AX == 0 else (STRIDE1 if AX == 1 else STRIDE2)
-        CAA: gl.constexpr = CAUSAL0 if AX == 0 else (CAUSAL1 if AX == 1 else CAUSAL2)
-        g0_, h0_ = _half_blocks(aA, NA, loA, 0, SQA, KSA, STA, CAA, TKA)
-        g1_, h1_ = _half_blocks(aA, NA, loA, 1, SQA, KSA, STA, CAA, TKA)
-        # Blocks of the walk between two of a consumer's consecutive blocks: where a row of the split
-        # axis leaves out more than one (a trip's two refills would fall behind), both walk all.
-        inner = 1 if AX == 2 else (nb2 if AX == 1 else nb1 * nb2)
-        ok = ((nbA - h0_ + g0_) * inner <= 1) & ((nbA - h1_ + g1_) * inner <= 1)
-        f0 = gl.where(ok, g0_, 0)
-        e0 = gl.where(ok, h0_, nbA)
-        f1 = gl.where(ok, g1_, 0)
-        e1 = gl.where(ok, h1_, nbA)
-    per_row = n_walk // gl.maximum(nbA, 1)  # blocks of the walk per block of the split axis
-    # Consumer h's walk: its blocks' first key, the inner axes' wrap points, its length.
-    m0lo0, m0lo1, m0lo2 = _shift_axis(AX, lo0, lo1, lo2, loA + f0 * TKA)
-    m1lo0, m1lo1, m1lo2 = _shift_axis(AX, lo0, lo1, lo2, loA + f1 * TKA)
-    m0end1 = end1 if AX != 1 else lo1 + e0 * TK1
-    m0end2 = end2 if AX != 2 else lo2 + e0 * TK2
-    m1end1 = end1 if AX != 1 else lo1 + e1 * TK1
-    m1end2 = end2 if AX != 2 else lo2 + e1 * TK2
-
     gl.warp_specialize([
         (_consumer, (q_smem.index(0), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                      k_desc, k_bufs, k_full, k_empty, o_desc, knorm, qk_scale,
-                     a0, a1, a2, N0, N1, N2, lo0, lo1, lo2, end1, end2, nb1, nb2, n_walk,
-                     m0lo0, m0lo1, m0lo2, m0end1, m0end2, per_row * (e0 - f0), (nbA - e0 + f0) * inner,
-                     loA + f1 * TKA, loA + e1 * TKA,
-                     KS0, KS1, KS2, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2,
-                     TK0, TK1, TK2, HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, True, AX, SKIP, NBYTES)),
+                     a0, a1, a2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
+                     CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
+                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, NBYTES)),
         (_consumer, (q_smem.index(1), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
                      v_desc, v_bufs, v_full, v_empty, o_desc, knorm, qk_scale,
-                     a0 + d0, a1 + d1, a2 + d2, N0, N1, N2, lo0, lo1, lo2, end1, end2, nb1, nb2, n_walk,
-                     m1lo0, m1lo1, m1lo2, m1end1, m1end2, per_row * (e1 - f1), (nbA - e1 + f1) * inner,
-                     loA + f0 * TKA, loA + e0 * TKA,
-                     KS0, KS1, KS2, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2,
-                     TK0, TK1, TK2, HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, False, AX, SKIP, NBYTES)),
+                     a0 + d0, a1 + d1, a2 + d2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
+                     CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
+                     HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, NBYTES)),
     ], [4], [CONSUMER_REGS])
 
     mbarrier.invalidate(q_bar)

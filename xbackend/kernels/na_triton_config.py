@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 
-__all__ = ["TMA_MIN_HEAD_DIM", "NAConfig", "choose_config", "config_for", "leader_span", "pad3", "paired_pairs",
-           "tma_pays", "visited_pairs"]
+__all__ = ["TMA_MIN_HEAD_DIM", "NAConfig", "choose_config", "config_for", "leader_span", "pad3", "tma_pays",
+           "visited_pairs"]
 
 
 @dataclass(frozen=True)
@@ -118,52 +117,6 @@ def _axis_pairs(length: int, ks: int, dil: int, causal: bool, s: int, tq: int, t
             lo = _window(a, group_len, ks, s, causal)[0]
             hi = _window(min(a + tq, group_len) - 1, group_len, ks, s, causal)[1]
             total += tq * -(-(hi - lo) // tk) * tk
-    return total
-
-
-def paired_pairs(
-    spatial: tuple[int, ...],
-    kernel_size: tuple[int, ...],
-    dilation: tuple[int, ...],
-    is_causal: tuple[bool, ...],
-    stride: tuple[int, ...],
-    config: NAConfig,
-    axis: int,
-) -> int:
-    """``visited_pairs`` for na_gluon_ws's skipping walk: each Q tile is two halves split along
-    ``axis``, and each half computes only the tile's KV blocks (on the tile's block grid) that hold keys
-    of its own windows. Where a half would leave out more than one block between two of its own, both
-    halves walk the whole box (the kernel's rule: a trip refills at most two slots)."""
-    axes = list(zip(pad3(tuple(spatial), 1), pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1),
-                    pad3(tuple(is_causal), False), pad3(tuple(stride), 1), config.q_tile, config.kv_tile,
-                    strict=True))
-    half = config.q_tile[axis] // 2
-    per_axis = []
-    for i, (length, ks, dil, causal, s, tq, tk) in enumerate(axes):
-        tiles = []  # per (group, tile): (blocks of the box, half 0's [f, e), half 1's [f, e))
-        for g in range(dil):
-            n = -(-(length - g) // dil)
-            for a in range(0, n, tq):
-                lo = _window(a, n, ks, s, causal)[0]
-                nb = -(-(_window(min(a + tq, n) - 1, n, ks, s, causal)[1] - lo) // tk)
-                spans = []
-                if i == axis:
-                    for h in range(2):
-                        f = (_window(min(a + h * half, n - 1), n, ks, s, causal)[0] - lo) // tk
-                        e = -(-(_window(min(a + (h + 1) * half - 1, n - 1), n, ks, s, causal)[1] - lo) // tk)
-                        spans.append((f, e))
-                tiles.append((g, nb, spans))
-        per_axis.append(tiles)
-    block_n = math.prod(config.kv_tile)
-    total = 0
-    for t0, t1, t2 in itertools.product(*per_axis):
-        nbs = (t0[1], t1[1], t2[1])
-        spans = (t0, t1, t2)[axis][2]
-        inner = math.prod(nbs[axis + 1:])
-        others = math.prod(nbs) // nbs[axis]
-        ok = all((nbs[axis] - e + f) * inner <= 1 for f, e in spans)
-        blocks = sum(e - f for f, e in spans) if ok else 2 * nbs[axis]
-        total += half * math.prod(config.q_tile) // config.q_tile[axis] * blocks * others * block_n
     return total
 
 
