@@ -36,6 +36,8 @@ for s in "$@"; do
     gsweep) step na_sweep_gluon 300 python3 lab/gpu/na_sweep.py --cases video,stage5,small3d,hd128 --only "shipped,pipelined flipped,pipelined q 128,pipelined q regs" ;;
     gws) step gpu_tests_ws 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_na_kernels.py -m gpu -k "warp_specialized or pipelined_shift" ;
         step na_sweep_ws 300 python3 lab/gpu/na_sweep.py --cases video,small3d,hd128,stage5 --only "shipped,pipelined q 128,ws q 128,ws q 128 q smem" ;;
+    knorm) step gpu_tests_knorm 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_key_norm.py ;
+        step key_norm_bench 60 python3 lab/gpu/key_norm_bench.py ;;
     gsweepv) step na_sweep_gluon_q128 120 python3 lab/gpu/na_sweep.py --cases video,stage5 --only "shipped,pipelined flipped,pipelined q 128" ;;
     nasolps) step na_sol 240 python3 benchmarks/na_sol.py --cases plain,strided --out "$OUT/na_sol.json" ;;
     nancu) step na_ncu 150 bash lab/gpu/na_ncu.sh video ;;

@@ -1,0 +1,56 @@
+"""The largest key norm of each (batch, head): the Cauchy-Schwarz factor of na_triton's score-bound shift.
+
+One pass over k (read once, bf16/fp16/fp32, any strides with a contiguous last dim): each program
+takes ``BLOCK_T`` tokens of one (batch, head), sums the squares of each row in fp32, and folds the
+largest row norm into its (batch, head)'s slot with an atomic max. A non-finite row (inf or NaN)
+counts as +inf, so every tile of that head fails the shift's bound and takes the online walk, which
+gives the reference's inf/NaN semantics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["max_key_norm"]
+
+BLOCK_T = 64
+
+
+@triton.jit
+def _max_key_norm_kernel(K, OUT, n_heads, S1, S2, n_tok, skb, sk0, sk1, sk2, skh,
+                         HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < n_tok
+    t2 = t % S2
+    t1 = (t // S2) % S1
+    t0 = t // (S1 * S2)
+    row = t0.to(tl.int64) * sk0 + t1.to(tl.int64) * sk1 + t2.to(tl.int64) * sk2
+    d = tl.arange(0, HEAD_PAD)
+    base = K + b.to(tl.int64) * skb + h.to(tl.int64) * skh
+    x = tl.load(base + row[:, None] + d[None, :], mask=t_ok[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    x = x.to(tl.float32)
+    ss = tl.sum(x * x, 1)
+    # NaN != NaN: a row holding NaN counts as +inf (as does one holding inf, whose square is inf).
+    ss = tl.where(ss == ss, ss, float("inf"))
+    tl.atomic_max(OUT + pid_bh, tl.sqrt(tl.max(ss, 0)))
+
+
+def max_key_norm(k3: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[B * heads]``: the largest L2 norm over the key rows of each (batch, head) of ``k3``
+    ``[B, S0, S1, S2, heads, head_dim]`` (+inf where a row is not finite)."""
+    batch, s0, s1, s2, heads, head_dim = k3.shape
+    out = torch.zeros(batch * heads, dtype=torch.float32, device=k3.device)
+    n_tok = s0 * s1 * s2
+    if n_tok == 0 or out.numel() == 0:
+        return out
+    st = k3.stride()
+    grid = (triton.cdiv(n_tok, BLOCK_T), batch * heads)
+    _max_key_norm_kernel[grid](k3, out, heads, s1, s2, n_tok, st[0], st[1], st[2], st[3], st[4],
+                               HEAD_DIM=head_dim, HEAD_PAD=triton.next_power_of_2(head_dim), BLOCK_T=BLOCK_T)
+    return out
