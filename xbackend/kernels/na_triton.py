@@ -19,7 +19,7 @@ fp32; bf16/fp16 operands on the tensor cores.
   time on the H200 (lab/gpu/na_sweep.py).
 * Shift (``NAConfig.shift``, set by ``config_for`` with the TMA tiles; never for fp16, whose range
   would flush the small terms): a row's scores are bounded by ``|q| * max|k| * |scale|``
-  (Cauchy-Schwarz, ``max|k|`` per batch and head from one fp32 reduction over k). Where a tile's
+  (Cauchy-Schwarz, ``max|k|`` per batch and head from one pass over k, ``key_norm.max_key_norm``). Where a tile's
   bound is at most ``SHIFT_MAX`` the exponent is shifted by it, so the KV loop keeps no row max and
   never rescales the accumulator (372 SASS instructions a trip at the video case against 438;
   2-9% less time on the H200's 3-D cases, more time on 2-D ones). A tile with a looser bound (large
