@@ -737,12 +737,19 @@ def triton_interpreter_shift_errors() -> list[tuple[str, float, float]]:
     head0 = [o[..., 0, :].nan_to_num(7.0) for o in outs]
     same = torch.equal(*head0) and bool(outs[1][..., 0, :].isnan().any()) and bool(outs[0][..., 1, :].isfinite().all())
     rows.append(("inf key: its head online bit for bit", 0.0 if same else 1.0, rel_err(outs[0][..., 1, :], outs[1][..., 1, :])))
+    # A NaN key likewise (its head's key norm counts as +inf).
+    k[0, 1, 2, 3, 0] = float("nan")
+    outs = [na_triton.neighborhood_attention(q, k, v, (3, 5, 4), (1,) * 3, (False,) * 3, None,
+                                             config=dataclasses.replace(cfg, shift=on)) for on in (True, False)]
+    head0 = [o[..., 0, :].nan_to_num(7.0) for o in outs]
+    same = torch.equal(*head0) and bool(outs[1][..., 0, :].isnan().any()) and bool(outs[0][..., 1, :].isfinite().all())
+    rows.append(("NaN key: its head online bit for bit", 0.0 if same else 1.0, rel_err(outs[0][..., 1, :], outs[1][..., 1, :])))
     return rows
 
 
 def test_triton_interpreter_shift_and_redo_launches():
     rows = _interpreted("triton_interpreter_shift_errors")
-    assert len(rows) == 17
+    assert len(rows) == 18
     for case, shift_err, online_err in rows:
         assert shift_err < 1e-5 and online_err < 1e-5, (case, shift_err, online_err)
 

@@ -55,5 +55,9 @@ def max_key_norm(k3: torch.Tensor) -> torch.Tensor:
     st = k3.stride()
     grid = (triton.cdiv(n_tok, BLOCK_T), batch * heads)
     _max_key_norm_kernel[grid](k3, out, heads, s1, s2, n_tok, st[0], st[1], st[2], st[3], st[4],
-                               HEAD_DIM=head_dim, HEAD_PAD=triton.next_power_of_2(head_dim), BLOCK_T=BLOCK_T)
+                               HEAD_DIM=head_dim, HEAD_PAD=triton.next_power_of_2(head_dim), BLOCK_T=BLOCK_T,
+                               # Pinned, as the attention launches it serves pin theirs: the sums' last bits
+                               # (and so the shift) do not move with Triton's default (on in 3.6, where this
+                               # was measured; off from 3.10).
+                               enable_fp_fusion=True)
     return out
