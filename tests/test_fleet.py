@@ -94,7 +94,7 @@ def test_the_builtin_fleet_in_one_process_plans_as_deployed(builtin, capsys) -> 
     assert plugins["cuda"]["version"] == xbackend.__version__
     assert doc["host"]["torch"] and "triton" in doc["host"]
     verified = {(i["op"], i["impl"]): i["verified_on"] for i in doc["impls"]}
-    assert verified[("gated_residual", "cuda:cuda_vec")] == [["2.11", "3.6"]]
+    assert verified[("gated_residual", "cuda:cuda_vec")] == [["2.11", "3.6", "sm90"]]
     assert verified[("gated_residual", "rocm:triton")] == []
 
 
@@ -244,11 +244,40 @@ def test_fleet_toml_lanes_flag_version_skew(builtin, capsys, tmp_path: Path) -> 
     assert [lane["name"] for lane in h200["lanes"]] == ["prod", "canary"]
     [canary] = h200["unverified"]  # prod runs the verified versions: nothing flagged there
     assert canary["lane"] == "canary" and "cuda:cuda_vec" in canary["impls"] and "cuda:triton" in canary["impls"]
-    assert canary["message"] == "exactness unverified on torch 2.13 / Triton 3.9: the guard falls back if it differs"
+    assert canary["message"] == ("exactness unverified on torch 2.13 / Triton 3.9 on sm90: the guard falls back "
+                                 "if it differs")
     [rocm] = mi355x["unverified"]  # the ROCm impls never ran on hardware
-    assert rocm["lane"] == "prod" and "rocm:triton" in rocm["impls"]
+    assert rocm["lane"] == "prod" and "rocm:triton" in rocm["impls"] and rocm["arch"] == "gfx950"
     code, out, _ = _fleet(capsys, "--fleet", str(path))
-    assert "h200 lane canary: exactness unverified on torch 2.13 / Triton 3.9" in out
+    assert "h200 lane canary: exactness unverified on torch 2.13 / Triton 3.9 on sm90" in out
+
+
+def test_verification_is_per_arch(builtin, capsys, tmp_path: Path) -> None:
+    """The CUDA impls ran on sm90 hardware only: a Blackwell target on the very versions they were
+    verified with flags them, an H100 (sm90, like the H200) does not."""
+    path = tmp_path / "fleet.toml"
+    path.write_text('[[gpu]]\ntype = "b200"\nlanes = [{ name = "prod", torch = "2.11.0+cu130", triton = "3.6.0" }]\n'
+                    '[[gpu]]\ntype = "h100"\nlanes = [{ name = "prod", torch = "2.11.0+cu130", triton = "3.6.0" }]\n')
+    code, out, _ = _fleet(capsys, "--fleet", str(path), "--op", "gated_residual", "--json")
+    assert code == 0
+    b200, h100 = json.loads(out)["targets"]
+    [flag] = b200["unverified"]
+    assert flag["arch"] == "sm100" and "cuda:cuda_vec" in flag["impls"], flag
+    assert h100["unverified"] == []
+
+
+def test_verified_on_runs_with_and_without_an_arch() -> None:
+    from xbackend import Impl
+    from xbackend.fleet.skew import verified
+    from xbackend.fleet.spec import Lane
+
+    lane = Lane("prod", "2.11.0+cu130", "3.6.0")
+    anywhere = Impl("rmsnorm", "a", fn=lambda *a: None, verified_on=(("2.11", "3.6"),))
+    sm90 = Impl("rmsnorm", "b", fn=lambda *a: None, verified_on=(("2.11", "3.6", "sm90"),))
+    assert verified(anywhere, lane, "sm100") and verified(sm90, lane, "sm90") and not verified(sm90, lane, "sm100")
+    assert verified(sm90, lane)  # no arch asked: versions only
+    with pytest.raises(xbackend.RegistrationError, match="verified_on expected"):
+        Impl("rmsnorm", "c", fn=lambda *a: None, verified_on=(("2.11",),))
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -35,8 +35,9 @@ class Impl:
     dtypes only (it also runs on meta tensors when planning for a simulated device). ``available``
     returns None or why the impl cannot run on this host at all (a missing package, a failed build);
     it is called once and cached. ``verified_on`` lists the (torch version prefix, Triton version
-    prefix) pairs on which the impl's precision contract was checked on real hardware; ``()`` means
-    never (the guard still checks every first use).
+    prefix, arch) runs on which the impl's precision contract was checked on real hardware (arch as
+    ``Device.arch`` names it: ``"sm90"`` covers H100 and H200; a pair without one claims every
+    arch); ``()`` means never (the guard still checks every first use).
     """
 
     op: str
@@ -50,7 +51,7 @@ class Impl:
     available: Callable[[], str | None] | None = None
     description: str = ""
     backend: str = ""
-    verified_on: tuple[tuple[str, str], ...] = ()
+    verified_on: tuple[tuple[str, ...], ...] = ()
     device_specs: tuple[DeviceSpec, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,7 +86,13 @@ class Impl:
             raise RegistrationError(f"{where}: devices: {e}") from None
         object.__setattr__(self, "device_specs", specs)
         object.__setattr__(self, "dtypes", dtypes)
-        object.__setattr__(self, "verified_on", tuple((str(t), str(tr)) for t, tr in self.verified_on))
+        runs = []
+        for run in self.verified_on:
+            if isinstance(run, str) or not 2 <= len(run) <= 3 or not all(isinstance(x, str) and x for x in run):
+                raise RegistrationError(f"{where}: verified_on expected (torch, triton) or (torch, triton, arch) "
+                                        f"tuples of non-empty str, e.g. ('2.11', '3.6', 'sm90'), got {run!r}")
+            runs.append(tuple(run))
+        object.__setattr__(self, "verified_on", tuple(runs))
 
     def resolved(self, field_name: str) -> Callable[..., Any] | None:
         """``fn`` or ``supports`` as a callable, importing a ``"module:attr"`` string once."""

@@ -42,7 +42,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from . import _fastkey
 
     print(f"\nDispatch: {_fastkey.decide()}")
-    print("\nVerified on hardware (torch / Triton the precision contract was checked on):")
+    print("\nVerified on hardware (torch / Triton, and arch, the precision contract was checked on):")
     for line in _verified_lines(rt):
         print(f"  {line}")
     from .fleet.skew import host_lane, unverified
@@ -54,7 +54,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         for p in plans:
             print(_indent(str(p)))
         impls = {i.qualname: i for op in kernel_ops() for i in rt.candidates(op)}
-        for flag in unverified(plans, (lane,), impls):
+        for flag in unverified(plans, (lane,), impls, rt.device(d).arch):
             print(f"  {flag.message}: {', '.join(flag.impls)}")
     print("\nvae_tile_decode: host-level op (tiles over torch.distributed ranks when a process group is up)")
     return 0
@@ -69,7 +69,8 @@ def _verified_lines(rt) -> list[str]:
                 by_backend.setdefault(impl.backend, {})[f"{op}:{impl.name}"] = impl.verified_on
 
     def said(pairs: tuple) -> str:
-        return ", ".join(f"torch {t} / Triton {tr}" for t, tr in pairs) or "never run on hardware"
+        return ", ".join(f"torch {run[0]} / Triton {run[1]}" + (f" on {run[2]}" if len(run) > 2 else "")
+                         for run in pairs) or "never run on hardware"
 
     lines = []
     for backend in sorted(by_backend):

@@ -108,7 +108,7 @@ def plan_device(rt: Any, target: str, device: Device, matrix: Matrix, *, deploye
     deployed = device.simulated if deployed is None else deployed
     plans = _plans(device, matrix, deployed)
     assumed = _assumptions(rt, target, device, matrix.ops) if deployed else ()
-    flags = unverified(plans, lanes, _impls(rt, matrix.ops))
+    flags = unverified(plans, lanes, _impls(rt, matrix.ops), device.arch)
     return TargetResult(target, device, deployed, plans, assumed, count, lanes, flags, where)
 
 

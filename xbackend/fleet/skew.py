@@ -1,7 +1,8 @@
-"""Version skew: which chosen impls a lane (a torch / Triton pair the fleet runs) has no hardware
-verification for. Each impl's ``verified_on`` lists the (torch, Triton) version prefixes its
-precision contract was checked on with real hardware; elsewhere the guard still checks each first
-use against the reference and falls back when the result differs."""
+"""Version skew: which chosen impls a lane (a torch / Triton pair the fleet runs) on a target's arch has
+no hardware verification for. Each impl's ``verified_on`` lists the (torch, Triton) version prefixes,
+and the arch, its precision contract was checked on with real hardware (a pair without an arch claims
+every arch); elsewhere the guard still checks each first use against the reference and falls back
+when the result differs."""
 
 from __future__ import annotations
 
@@ -25,14 +26,16 @@ _TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-rocm
 class Unverified:
     lane: Lane
     impls: tuple[str, ...]  # "backend:impl", sorted
+    arch: str = ""  # the target's arch ("" where none was asked about)
 
     @property
     def message(self) -> str:
-        return (f"exactness unverified on torch {self.lane.torch} / Triton {self.lane.triton}: "
+        where = f" on {self.arch}" if self.arch else ""
+        return (f"exactness unverified on torch {self.lane.torch} / Triton {self.lane.triton}{where}: "
                 "the guard falls back if it differs")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lane": self.lane.name, "torch": self.lane.torch, "triton": self.lane.triton,
+        return {"lane": self.lane.name, "torch": self.lane.torch, "triton": self.lane.triton, "arch": self.arch,
                 "impls": list(self.impls), "message": self.message}
 
 
@@ -42,19 +45,23 @@ def matches(version: str, prefix: str) -> bool:
     return version == prefix or version.startswith((prefix + ".", prefix + "+"))
 
 
-def verified(impl: Impl, lane: Lane) -> bool:
-    return any(matches(lane.torch, t) and matches(lane.triton, tr) for t, tr in impl.verified_on)
+def verified(impl: Impl, lane: Lane, arch: str = "") -> bool:
+    """A run of ``impl.verified_on`` matches the lane's versions and ``arch`` (a run without an arch
+    matches every arch; ``arch`` "" asks about versions only)."""
+    return any(matches(lane.torch, run[0]) and matches(lane.triton, run[1])
+               and (not arch or len(run) < 3 or run[2] == arch) for run in impl.verified_on)
 
 
-def unverified(plans: Iterable[Any], lanes: Iterable[Lane], impls: Mapping[str, Impl]) -> tuple[Unverified, ...]:
-    """Per lane, the impls chosen in ``plans`` that were never verified on that lane's versions (the
-    reference is the definition of right, so it is never listed)."""
+def unverified(plans: Iterable[Any], lanes: Iterable[Lane], impls: Mapping[str, Impl],
+               arch: str = "") -> tuple[Unverified, ...]:
+    """Per lane, the impls chosen in ``plans`` that were never verified on that lane's versions on
+    ``arch`` (the reference is the definition of right, so it is never listed)."""
     chosen = sorted({p.chosen.qualname for p in plans if p.chosen.backend != "xbackend"})
     out = []
     for lane in lanes:
-        missing = tuple(q for q in chosen if q in impls and not verified(impls[q], lane))
+        missing = tuple(q for q in chosen if q in impls and not verified(impls[q], lane, arch))
         if missing:
-            out.append(Unverified(lane, missing))
+            out.append(Unverified(lane, missing, arch))
     return tuple(out)
 
 
