@@ -68,7 +68,7 @@ def test_the_builtin_fleet_in_one_process_plans_as_deployed(builtin, capsys) -> 
     seconds = time.perf_counter() - t0
     assert code == 0
     doc = json.loads(out)
-    assert doc["schema_version"] == 1 and doc["command"] == "fleet" and doc["xbackend"] == xbackend.__version__
+    assert doc["schema_version"] == 2 and doc["command"] == "fleet" and doc["xbackend"] == xbackend.__version__
     assert [t["target"] for t in doc["targets"]] == list(BUILTIN_FLEET)
     assert sum(len(t["plans"]) for t in doc["targets"]) == 324  # 6 targets x 9 ops x 3 dtypes x 2 tiers
     assert seconds < 30  # ~0.5 s on a 2-core CPU box; one process, no subprocess per plan
@@ -276,8 +276,10 @@ def test_verified_on_runs_with_and_without_an_arch() -> None:
     sm90 = Impl("rmsnorm", "b", fn=lambda *a: None, verified_on=(("2.11", "3.6", "sm90"),))
     assert verified(anywhere, lane, "sm100") and verified(sm90, lane, "sm90") and not verified(sm90, lane, "sm100")
     assert verified(sm90, lane)  # no arch asked: versions only
-    with pytest.raises(xbackend.RegistrationError, match="verified_on expected"):
-        Impl("rmsnorm", "c", fn=lambda *a: None, verified_on=(("2.11",),))
+    assert verified(Impl("rmsnorm", "d", fn=lambda *a: None, verified_on=(("2.11", "3.6", "sm_90"),)), lane, "sm90")
+    for bad in (("2.11",), ("2.11", "3.6", "h200"), (2.11, 3.6)):
+        with pytest.raises(xbackend.RegistrationError, match="verified_on expected"):
+            Impl("rmsnorm", "c", fn=lambda *a: None, verified_on=(bad,))
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -477,7 +479,7 @@ def test_local_notes_a_fallback_missing_here_without_failing(builtin, capsys, mo
 def test_plan_json_is_the_fleet_form(builtin, capsys) -> None:
     assert main(["plan", "--device", "h200", "--op", "gated_residual", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema_version"] == 1 and doc["command"] == "plan"
+    assert doc["schema_version"] == 2 and doc["command"] == "plan"
     [t] = doc["targets"]
     assert t["target"] == "h200" and t["planned_as"] == "deployed"
     assert t["plans"][0]["chosen"] == "cuda:cuda_vec"

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ._device import Device, DeviceSpec
+from ._device import Device, DeviceSpec, families
 from ._precision import EXACT, Output, Precision
 
 __all__ = ["Impl", "Registrar", "RegistrationError", "Registry"]
@@ -88,9 +88,11 @@ class Impl:
         object.__setattr__(self, "dtypes", dtypes)
         runs = []
         for run in self.verified_on:
-            if isinstance(run, str) or not 2 <= len(run) <= 3 or not all(isinstance(x, str) and x for x in run):
+            if (isinstance(run, str) or not 2 <= len(run) <= 3 or not all(isinstance(x, str) and x for x in run)
+                    or (len(run) == 3 and not any(f.has(run[2]) for f in families()))):
                 raise RegistrationError(f"{where}: verified_on expected (torch, triton) or (torch, triton, arch) "
-                                        f"tuples of non-empty str, e.g. ('2.11', '3.6', 'sm90'), got {run!r}")
+                                        f"tuples of non-empty str, arch as Device.arch names it (sm90, gfx950), "
+                                        f"e.g. ('2.11', '3.6', 'sm90'), got {run!r}")
             runs.append(tuple(run))
         object.__setattr__(self, "verified_on", tuple(runs))
 

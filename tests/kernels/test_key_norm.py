@@ -64,5 +64,26 @@ def test_non_finite_rows_count_as_inf(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("where", [0, 150, 299])
+def test_largest_row_in_any_program(device, where):
+    """300 tokens a head, three programs: the largest row planted in the first, a middle or the very
+    last token (the partial last program) is the one found; all-zero keys give 0."""
+    k3 = _keys((1, 3, 10, 10, 2, 64), torch.float32, device, seed=4)
+    flat = k3.view(1, 300, 2, 64)
+    flat[0, where, 1] = 50.0
+    got = max_key_norm(k3)
+    assert got[1] == torch.linalg.vector_norm(flat[0, where, 1]), (where, got)
+    torch.testing.assert_close(got, _expected(k3), rtol=2e-6, atol=0)
+    assert max_key_norm(torch.zeros_like(k3)).tolist() == [0.0, 0.0]
+
+
+def test_rejects_what_it_cannot_read():
+    with pytest.raises(ValueError, match="max_key_norm: k3 expected"):
+        max_key_norm(torch.zeros(2, 3, 4, 64))
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        max_key_norm(torch.zeros(1, 2, 2, 2, 64, 3).transpose(-1, -2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_empty(device):
     assert max_key_norm(torch.empty((1, 0, 3, 3, 2, 64), device=device)).tolist() == [0.0, 0.0]

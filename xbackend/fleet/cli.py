@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     f.add_argument("--dtype", metavar="LIST", help="comma-separated dtypes (default: bf16,fp16,fp32)")
     f.add_argument("--quality", metavar="LIST", help="comma-separated quality tiers (default: lossless,high)")
     out = f.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="the JSON document (schema_version 1) on stdout")
+    out.add_argument("--json", action="store_true", help="the JSON document (schema_version 2) on stdout")
     out.add_argument("--markdown", action="store_true", help="a Markdown summary for a PR comment")
     gold = f.add_mutually_exclusive_group()
     gold.add_argument("--check", metavar="DIR", help="compare the plans with DIR/<target>.json; exit 1 on drift")

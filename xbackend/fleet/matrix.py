@@ -25,7 +25,7 @@ from .spec import DTYPES, FleetTarget, Lane, Matrix
 __all__ = ["SCHEMA_VERSION", "Assumption", "TargetResult", "envelope", "plan_device", "plan_target"]
 
 # Bumped on any change to the meaning or shape of the JSON (goldens carry it too).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CORE = "xbackend"
 
 

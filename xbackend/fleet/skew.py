@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .._device import arch_key
 from .._registry import Impl
 from .spec import Lane
 
@@ -49,7 +50,12 @@ def verified(impl: Impl, lane: Lane, arch: str = "") -> bool:
     """A run of ``impl.verified_on`` matches the lane's versions and ``arch`` (a run without an arch
     matches every arch; ``arch`` "" asks about versions only)."""
     return any(matches(lane.torch, run[0]) and matches(lane.triton, run[1])
-               and (not arch or len(run) < 3 or run[2] == arch) for run in impl.verified_on)
+               and (not arch or len(run) < 3 or _same_arch(run[2], arch)) for run in impl.verified_on)
+
+
+def _same_arch(a: str, b: str) -> bool:
+    # The devices grammar's order key: sm_90 and sm90 (and sm90a, the same hardware) are one arch.
+    return arch_key(a) == arch_key(b)
 
 
 def unverified(plans: Iterable[Any], lanes: Iterable[Lane], impls: Mapping[str, Impl],

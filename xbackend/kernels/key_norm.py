@@ -41,12 +41,17 @@ def _max_key_norm_kernel(K, OUT, n_heads, S1, S2, n_tok, skb, sk0, sk1, sk2, skh
     ss = tl.sum(x * x, 1)
     # NaN != NaN: a row holding NaN counts as +inf (as does one holding inf, whose square is inf).
     ss = tl.where(ss == ss, ss, float("inf"))
+    # Within a few ulp of the true largest norm (fp32 sums in another order than torch's, sqrt.approx):
+    # the shift needs a bound to keep exp2 from overflowing, which 2**-20 of slack cannot touch.
     tl.atomic_max(OUT + pid_bh, tl.sqrt(tl.max(ss, 0)))
 
 
 def max_key_norm(k3: torch.Tensor) -> torch.Tensor:
     """fp32 ``[B * heads]``: the largest L2 norm over the key rows of each (batch, head) of ``k3``
     ``[B, S0, S1, S2, heads, head_dim]`` (+inf where a row is not finite)."""
+    if k3.dim() != 6 or not k3.is_floating_point() or k3.shape[-1] == 0 or (k3.shape[-1] > 1 and k3.stride(-1) != 1):
+        raise ValueError("max_key_norm: k3 expected a [B, S0, S1, S2, heads, head_dim] floating tensor with head_dim "
+                         f">= 1 and a contiguous last dim, got {k3.dtype} {tuple(k3.shape)} strides {k3.stride()}")
     batch, s0, s1, s2, heads, head_dim = k3.shape
     out = torch.zeros(batch * heads, dtype=torch.float32, device=k3.device)
     n_tok = s0 * s1 * s2
