@@ -925,6 +925,21 @@ def test_gluon_gpu_warp_specialized_bit_identical(head_dim: int, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_triton_gpu_runs_on_the_tensors_device():
+    """Tensors on the second GPU while the first is current: the key-norm pass and both shift
+    launches run on the tensors' device and match the same call on the first GPU bit for bit."""
+    from xbackend.kernels import na_triton
+
+    q, k, v = make_qkv((10, 24, 24), 2, 128, torch.bfloat16, seed=41, device="cuda:0")
+    args = ((8, 16, 16), (1,) * 3, (False,) * 3, None)
+    with torch.cuda.device(0):
+        here = na_triton.neighborhood_attention(q, k, v, *args)
+        there = na_triton.neighborhood_attention(*(t.to("cuda:1") for t in (q, k, v)), *args)
+    assert there.device == torch.device("cuda", 1) and torch.equal(here, there.to("cuda:0"))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_triton_gpu_tma_square_blocks(head_dim: int):
     """KV blocks of as many keys as head_dim columns (64 x 64, 128 x 128) through TMA tiles: the block

@@ -285,6 +285,12 @@ def neighborhood_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused neighborhood attention forward. Output has q's shape and dtype (contiguous)."""
+    if q.is_cuda and q.device.index != torch.cuda.current_device():
+        # Triton launches on the current device: go to the data's (a kernel on another GPU than its
+        # tensors faults, and a fault poisons the process's CUDA context).
+        with torch.cuda.device(q.device):
+            return neighborhood_attention(q, k, v, kernel_size, dilation, is_causal, scale, stride,
+                                          config=config, out=out)
     ks = pad3(tuple(kernel_size), 1)
     st = pad3(tuple(stride) if stride is not None else (), 1)
     dil = pad3(tuple(dilation), 1)
