@@ -728,22 +728,18 @@ def triton_interpreter_shift_errors() -> list[tuple[str, float, float]]:
     rows.append(("fp16, shift config == online", 0.0 if torch.equal(outs[0], outs[1]) else 1.0, 0.0))
     # An inf key makes every bound of its head inf: all of that head's tiles go online, bit for bit the
     # online walk's result (NaN where a window holds the inf key, as the reference has); the other head
-    # stays on the shift and finite.
+    # stays on the shift and finite. A NaN key likewise (its head's key norm counts as +inf).
     q, k, v = make_qkv((6, 9, 10), 2, 64, torch.float32, seed=24)
-    k[0, 1, 2, 3, 0] = float("inf")
     cfg = na_triton.config_for(q.shape, (3, 5, 4), (1,) * 3, (False,) * 3)
-    outs = [na_triton.neighborhood_attention(q, k, v, (3, 5, 4), (1,) * 3, (False,) * 3, None,
-                                             config=dataclasses.replace(cfg, shift=on)) for on in (True, False)]
-    head0 = [o[..., 0, :].nan_to_num(7.0) for o in outs]
-    same = torch.equal(*head0) and bool(outs[1][..., 0, :].isnan().any()) and bool(outs[0][..., 1, :].isfinite().all())
-    rows.append(("inf key: its head online bit for bit", 0.0 if same else 1.0, rel_err(outs[0][..., 1, :], outs[1][..., 1, :])))
-    # A NaN key likewise (its head's key norm counts as +inf).
-    k[0, 1, 2, 3, 0] = float("nan")
-    outs = [na_triton.neighborhood_attention(q, k, v, (3, 5, 4), (1,) * 3, (False,) * 3, None,
-                                             config=dataclasses.replace(cfg, shift=on)) for on in (True, False)]
-    head0 = [o[..., 0, :].nan_to_num(7.0) for o in outs]
-    same = torch.equal(*head0) and bool(outs[1][..., 0, :].isnan().any()) and bool(outs[0][..., 1, :].isfinite().all())
-    rows.append(("NaN key: its head online bit for bit", 0.0 if same else 1.0, rel_err(outs[0][..., 1, :], outs[1][..., 1, :])))
+    for bad in ("inf", "NaN"):
+        k[0, 1, 2, 3, 0] = float(bad)
+        outs = [na_triton.neighborhood_attention(q, k, v, (3, 5, 4), (1,) * 3, (False,) * 3, None,
+                                                 config=dataclasses.replace(cfg, shift=on)) for on in (True, False)]
+        head0 = [o[..., 0, :].nan_to_num(7.0) for o in outs]
+        same = (torch.equal(*head0) and bool(outs[1][..., 0, :].isnan().any())
+                and bool(outs[0][..., 1, :].isfinite().all()))
+        rows.append((f"{bad} key: its head online bit for bit", 0.0 if same else 1.0,
+                     rel_err(outs[0][..., 1, :], outs[1][..., 1, :])))
     return rows
 
 

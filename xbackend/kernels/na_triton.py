@@ -67,6 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
+from xbackend.kernels import _triton_launch
 from xbackend.kernels.key_norm import max_key_norm
 from xbackend.kernels.na_triton_blocks import box_walk, kv_loop, tile_box, win_end, win_start
 
@@ -285,7 +286,7 @@ def neighborhood_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused neighborhood attention forward. Output has q's shape and dtype (contiguous)."""
-    if q.is_cuda and q.device.index != torch.cuda.current_device():
+    if q.is_cuda and q.device.index != _triton_launch._current_device():
         # Triton launches on the current device: go to the data's (a kernel on another GPU than its
         # tensors faults, and a fault poisons the process's CUDA context).
         with torch.cuda.device(q.device):
