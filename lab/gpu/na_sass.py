@@ -36,7 +36,7 @@ CASES = {
 }
 
 CLASSES = [
-    ("mma", r"^(HGMMA|WARPGROUP|WARPSYNC)"),
+    ("mma", r"^(HGMMA|HMMA|WARPGROUP|WARPSYNC)"),
     ("mufu", r"^MUFU"),
     ("fp32", r"^(FADD|FMUL|FFMA|FMNMX|FSEL|FSETP|FCHK)"),
     ("int", r"^(IADD3|IMAD|ISETP|LOP3|SHF|LEA|IABS|SEL|PRMT|VIADD|IMNMX|VIMNMX|SGXT|BMSK|FLO|POPC)"),
@@ -64,7 +64,8 @@ def sass_of(case: str, cfg: K.NAConfig) -> str:
     _, launches = _capture.capture("sm90", "cuda", fn, make, torch.bfloat16)
     import triton
 
-    spec = launches[0].spec
+    # The shift launch is preceded by the key-norm pass: take the first attention launch.
+    spec = next(launch.spec for launch in launches if "key_norm" not in launch.spec.kernel)
     kernel_obj = triton.compile(_capture.ast_source(spec), target=_capture.gpu_target("sm90"), options=dict(spec.options))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel_obj.asm["cubin"])
@@ -88,7 +89,7 @@ def hottest_loop(sass: str) -> list[str]:
         m = re.search(r"BRA\s+`?\(?\.(L_x_\d+)", text)
         if m and m.group(1) in labels and labels[m.group(1)] <= i:
             body = insts[labels[m.group(1)]:i + 1]
-            if any("HGMMA" in t for t in body) and any("MUFU.EX2" in t for t in body):
+            if any("HGMMA" in t or "HMMA" in t for t in body) and any("MUFU.EX2" in t for t in body):
                 if not best or len(body) < len(best):
                     best = body
     return best

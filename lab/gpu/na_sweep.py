@@ -101,7 +101,7 @@ def main() -> None:
             label, cfg = next((r for r in variants(case, base) if a.only and r[0] == a.only.split(",")[0]),
                               ("shipped", base))
             if K.na_gluon is not None:
-                K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
+                K.na_gluon.OPTIONS.setdefault(case.dim, {}).update(GLUON.get(label, {}))
                 K.na_gluon_ws.OPTIONS.update(GLUON.get(label, {}) if label.startswith("ws ") else {})
             K.WARP_SPECIALIZED = label.startswith("ws ")
             for _ in range(3):
@@ -119,7 +119,7 @@ def main() -> None:
             fn = prev.neighborhood_attention if label == "divides variant" else K.neighborhood_attention
             if K.na_gluon is not None:
                 K.na_gluon.OPTIONS.update({d: dict(o) for d, o in shipped_options.items()})
-                K.na_gluon.OPTIONS[case.dim].update(GLUON.get(label, {}))
+                K.na_gluon.OPTIONS.setdefault(case.dim, {}).update(GLUON.get(label, {}))
                 # A "ws" row's options are the warp-specialized kernel's own (over na_gluon's).
                 K.na_gluon_ws.OPTIONS.clear()
                 K.na_gluon_ws.OPTIONS.update({**shipped_ws, **(GLUON.get(label, {}) if label.startswith("ws ") else {})})

@@ -34,7 +34,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from xbackend.kernels.na_triton_blocks import axis_ok, box_walk, next_block, tile_box, win_end, win_start
+from xbackend.kernels.na_triton_blocks import (
+    axis_ok,
+    box_walk,
+    next_block,
+    shifted_exponent,
+    tile_box,
+    win_end,
+    win_start,
+)
 
 __all__ = ["GLUON_HEAD_DIMS", "K_BUFFERS", "OPTIONS", "STRIDED_OPTIONS", "V_BUFFERS", "gluon_supports",
            "na_fwd_shift_kernel", "num_warps", "options"]
@@ -75,6 +83,10 @@ def _probs(s, m_i, qk_scale, c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe
            TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
            CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr, POS_SCALE: gl.constexpr):
     """exp2 of the block's scores shifted by the row bound, 0 outside each query's window (fp32)."""
+    if POS_SCALE:
+        # The window tests pick the exponent FMA's addend where they can (na_triton_blocks.shifted_exponent).
+        return gl.exp2(shifted_exponent(s, qk_scale, -m_i, c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2,
+                                        KS0, KS1, KS2, TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2))
     ok = axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
     ok = ok & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
     ok = ok & axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)

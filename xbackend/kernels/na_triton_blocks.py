@@ -9,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["axis_ok", "box_walk", "kv_loop", "leader", "load_block", "next_block", "scores", "tile_box", "win_end",
-           "win_start"]
+__all__ = ["axis_ok", "box_walk", "kv_loop", "leader", "load_block", "next_block", "scores", "shifted_exponent",
+           "tile_box", "win_end", "win_start"]
 
 
 @triton.jit
@@ -164,6 +164,33 @@ def scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, 
 
 
 @triton.jit
+def shifted_exponent(qk, fold, neg_m, c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                     TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+                     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr):
+    """The shift walk's exponent ``qk * fold - m``, -inf outside each query's window, for unmasked
+    scores ``qk`` (scale > 0). The window tests of axis 2 and of every axis the block is 1 wide on
+    pick the FMA's addend (``-m`` or -inf): a thread's accumulator columns hold few distinct axis-2
+    offsets, so those selects are per row and offset, not per element; only the tests of axes 0 and 1
+    where the block is wider select per element. In the window the value is the FMA the masked form
+    computes (bit for bit); outside it is -inf either way."""
+    ok_add = axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
+    if TK0 == 1:
+        ok_add = ok_add & axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
+    if TK1 == 1:
+        ok_add = ok_add & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
+    x = qk * fold + tl.where(ok_add, neg_m[:, None], float("-inf"))
+    if TK0 > 1:
+        if TK1 > 1:
+            x = tl.where(axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
+                         & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1), x, float("-inf"))
+        else:
+            x = tl.where(axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0), x, float("-inf"))
+    elif TK1 > 1:
+        x = tl.where(axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1), x, float("-inf"))
+    return x
+
+
+@triton.jit
 def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
             k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
             offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
@@ -183,15 +210,28 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
     c1 = lo1
     c2 = lo2
     for _ in range(0, n_blocks):
-        qk, vb = scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
-                        ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
-                        TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, qk_scale, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA,
-                        POS_SCALE)
         if FIXED:
-            p = tl.math.exp2(qk * fold - m_i[:, None])
+            if POS_SCALE:
+                kb = load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
+                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+                vb = load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
+                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA)
+                p = tl.math.exp2(shifted_exponent(tl.dot(q, tl.trans(kb)), fold, -m_i, c0, c1, c2, n0, n1, n2,
+                                                  qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
+                                                  CAUSAL0, CAUSAL1, CAUSAL2))
+            else:
+                qk, vb = scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
+                                ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                                TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, qk_scale, HEAD_DIM, HEAD_PAD, BLOCK_N,
+                                TMA, POS_SCALE)
+                p = tl.math.exp2(qk * fold - m_i[:, None])
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(vb.dtype), vb)
         else:
+            qk, vb = scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
+                            ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                            TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, qk_scale, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA,
+                            POS_SCALE)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * fold)
             p = tl.math.exp2(qk * fold - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
