@@ -1,6 +1,13 @@
-"""Where one neighborhood-attention call's GPU time goes: every kernel a ``na_triton`` call launches
-(the key-norm pass, the zero fills, the shift launch, the online launch for flagged tiles), from
-torch's profiler over 20 calls, beside the call's ``do_bench`` median.
+"""Where one neighborhood-attention call's time goes: every kernel a ``na_triton`` call launches
+(the key-norm pass, the zero fills, the shift launch, the online launch for flagged tiles) in launch
+order, from torch's profiler over 20 calls, beside four timings of the call:
+
+  do_bench        ``triton.testing.do_bench`` median (L2 flushed before each call)
+  flushed+sleep   the same flush, then a 1 ms GPU sleep before the start event, so the host has
+                  queued the call's launches before the GPU reaches them: do_bench minus this is
+                  time the GPU waited for the host
+  back-to-back    events around 20 calls in a row, no flush
+  host            host time a call to enqueue its launches (perf_counter, no sync)
 
     python3 lab/gpu/na_launch_parts.py [--cases stage5,video,small3d]
 """
@@ -8,8 +15,9 @@ torch's profiler over 20 calls, beside the call's ``do_bench`` median.
 from __future__ import annotations
 
 import argparse
-import collections
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +34,23 @@ SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "small3d": "3-D
 CALLS = 20
 
 
+def flushed(fn, sleep_cycles: int, reps: int = 15) -> float:
+    """Median ms of ``fn`` after a 256 MB L2 flush, with an optional GPU sleep before the start event."""
+    cache = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    times = []
+    for _ in range(reps):
+        cache.zero_()
+        if sleep_cycles:
+            torch.cuda._sleep(sleep_cycles)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="stage5,video,small3d")
@@ -36,22 +61,46 @@ def main() -> None:
     for key in a.cases.split(","):
         case = by_name[SHORT[key]]
         args = args_of(case, torch.device("cuda"))
+
         def fn(args=args):
             return K.neighborhood_attention(*args)
 
         ms = do_bench(fn, return_mode="median")
+        # ~1.98 GHz: 2e6 cycles is about 1 ms, longer than any call's host time.
+        slept = flushed(fn, 2_000_000)
+        plain = flushed(fn, 0)
+        torch.cuda.synchronize()
+        a0, a1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a0.record()
+        for _ in range(CALLS):
+            fn()
+        a1.record()
+        a1.synchronize()
+        b2b = a0.elapsed_time(a1) / CALLS
+        torch.cuda._sleep(50_000_000)  # the GPU busy well past the host loop: enqueue never waits
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        host = (time.perf_counter() - t0) / CALLS * 1e3
+        torch.cuda.synchronize()
+
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(CALLS):
                 fn()
             torch.cuda.synchronize()
-        per = collections.defaultdict(float)
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA:
-                per[ev.name[:60]] += ev.device_time / CALLS
-        print(f"\n{case.name}: do_bench median {ms * 1e3:9.1f} us a call; kernels (us a call, profiler):")
-        for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
-            print(f"  {us:9.1f}  {name}")
-        print(f"  {sum(per.values()):9.1f}  total")
+        kernels = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                         key=lambda ev: ev.time_range.start)
+        per_call = len(kernels) // CALLS
+        print(f"\n{case.name}: do_bench {ms * 1e3:8.1f} us  flushed {plain * 1e3:8.1f}  flushed+sleep "
+              f"{slept * 1e3:8.1f}  back-to-back {b2b * 1e3:8.1f}  host {host * 1e3:7.1f} us a call")
+        print(f"  kernels in launch order (us a call, profiler; {per_call} a call):")
+        for i in range(per_call):
+            evs = kernels[i::per_call]
+            print(f"  {sum(ev.time_range.elapsed_us() for ev in evs) / len(evs):9.1f}  {evs[0].name[:60]}")
+        spans = [kernels[c * per_call + per_call - 1].time_range.end - kernels[c * per_call].time_range.start
+                 for c in range(len(kernels) // per_call)]
+        busy = sum(ev.time_range.elapsed_us() for ev in kernels) / (len(kernels) // per_call)
+        print(f"  {busy:9.1f}  kernels total; first start to last end {statistics.median(spans):.1f} us")
         del args, fn
         torch.cuda.empty_cache()
 
