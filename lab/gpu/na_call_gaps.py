@@ -2,7 +2,10 @@
 and on the GPU, the idle GPU time between calls (profiler), a CUDA graph of the call replayed in a
 row (no host work), and the host's hottest functions (cProfile).
 
-    python3 lab/gpu/na_call_gaps.py [--cases stage5,small3d]
+    python3 lab/gpu/na_call_gaps.py [--cases stage5,small3d] [--triton-launch]
+
+``--triton-launch`` sends every launch through Triton's own ``kernel[grid](...)`` path instead of
+``DirectLaunch`` (the comparison for the host time).
 """
 
 from __future__ import annotations
@@ -49,7 +52,12 @@ def in_a_row(fn) -> tuple[float, list[float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="stage5,small3d")
+    ap.add_argument("--triton-launch", action="store_true")
     a = ap.parse_args()
+    if a.triton_launch:
+        from xbackend.kernels import _triton_launch
+
+        _triton_launch.hooked = lambda: True  # DirectLaunch's test for "take Triton's path"
     by_name = {c.name: c for group in CASES.values() for c in group}
     for key in a.cases.split(","):
         case = by_name[SHORT[key]]

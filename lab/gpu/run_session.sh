@@ -46,7 +46,8 @@ for s in "$@"; do
     decode2) step diffvae_2gpu 420 torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock --phases ;;
     shifttests) step gpu_tests_shift 240 python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/kernels/test_na_kernels.py -k "gluon or shift_and_redo" ;;
     parts) step na_launch_parts 120 python3 lab/gpu/na_launch_parts.py ;;
-    gaps) step na_call_gaps 150 python3 lab/gpu/na_call_gaps.py ;;
+    gaps) step na_call_gaps 150 python3 lab/gpu/na_call_gaps.py --cases stage5,small3d,2d ;
+          step na_call_gaps_triton_launch 150 python3 lab/gpu/na_call_gaps.py --cases stage5,small3d,2d --triton-launch ;;
     timing) step na_timing 150 python3 lab/gpu/na_timing.py ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;

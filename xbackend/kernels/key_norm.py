@@ -13,8 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from xbackend.kernels._triton_launch import DirectLaunch
-
 __all__ = ["max_key_norm"]
 
 # Tokens a program: 128 reads the keys at 3.0-3.7 TB/s on the H200's large shapes (3-D video 189 µs
@@ -48,10 +46,6 @@ def _max_key_norm_kernel(K, OUT, n_heads, S1, S2, n_tok, skb, sk0, sk1, sk2, skh
     tl.atomic_max(OUT + pid_bh, tl.sqrt(tl.max(ss, 0)))
 
 
-# Through the compiled launcher after the first launch (Triton's own path costs host time per call).
-_LAUNCH = DirectLaunch(_max_key_norm_kernel)
-
-
 def max_key_norm(k3: torch.Tensor) -> torch.Tensor:
     """fp32 ``[B * heads]``: the largest L2 norm over the key rows of each (batch, head) of ``k3``
     ``[B, S0, S1, S2, heads, head_dim]`` (+inf where a row is not finite)."""
@@ -65,9 +59,10 @@ def max_key_norm(k3: torch.Tensor) -> torch.Tensor:
         return out
     st = k3.stride()
     grid = (triton.cdiv(n_tok, BLOCK_T), batch * heads)
-    _LAUNCH(grid, (k3, out, heads, s1, s2, n_tok, st[0], st[1], st[2], st[3], st[4], head_dim,
-                   triton.next_power_of_2(head_dim), BLOCK_T),
-            # Pinned, as the attention launches it serves pin theirs: the sums' last bits (and so the
-            # shift) do not move with Triton's default (on in 3.6, where this was measured; off from 3.10).
-            enable_fp_fusion=True)
+    _max_key_norm_kernel[grid](k3, out, heads, s1, s2, n_tok, st[0], st[1], st[2], st[3], st[4],
+                               HEAD_DIM=head_dim, HEAD_PAD=triton.next_power_of_2(head_dim), BLOCK_T=BLOCK_T,
+                               # Pinned, as the attention launches it serves pin theirs: the sums' last bits
+                               # (and so the shift) do not move with Triton's default (on in 3.6, where this
+                               # was measured; off from 3.10).
+                               enable_fp_fusion=True)
     return out

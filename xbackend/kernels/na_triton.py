@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
 import math
 from collections.abc import Callable
 
@@ -333,26 +332,30 @@ def neighborhood_attention(
     args = (q3, k3, v3, o3, knorm, flags,
             *strides(q3), *strides(k3), *strides(v3), *strides(o3),
             s0, s1, s2, *ks, *dil, heads, float(scale) * _LOG2E, *causal, *st, *tq, *config.kv_tile)
-    named = {"HEAD_DIM": head_dim, "HEAD_PAD": triton.next_power_of_2(head_dim), "TMA": tma, "SHIFT_MAX": SHIFT_MAX,
-             "POS_SCALE": float(scale) > 0}
-    # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which is
-    # on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages, "enable_fp_fusion": True}
-
-    def fwd(shift_launch: bool, redo: bool) -> Callable[[], object]:
-        return functools.partial(_direct(_na_fwd_kernel), grid,
-                                 _ordered(_na_fwd_kernel, args, {**named, "SHIFT": shift_launch, "REDO": redo}),
-                                 **options)
+    launch = functools.partial(
+        _na_fwd_kernel[grid],
+        *args,
+        HEAD_DIM=head_dim,
+        HEAD_PAD=triton.next_power_of_2(head_dim),
+        TMA=tma,
+        SHIFT_MAX=SHIFT_MAX,
+        POS_SCALE=float(scale) > 0,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+        # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
+        # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
+        enable_fp_fusion=True,
+    )
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
     # once otherwise). Without: the online walk alone.
-    launches = [fwd(True, False), fwd(False, True)] if shift else [fwd(False, False)]
+    launches = ([functools.partial(launch, SHIFT=True, REDO=False), functools.partial(launch, SHIFT=False, REDO=True)]
+                if shift else [functools.partial(launch, SHIFT=False, REDO=False)])
     if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
         pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile, st)
         if pipelined is not None:
             kernel, warps, schedule = pipelined
-            # Triton's own launch path: a Gluon kernel's num_warps is also its parameter.
             launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
                                             POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
                                             **schedule)
@@ -381,24 +384,6 @@ def _pipelined_kernel(head_dim: int, q_tile: tuple[int, int, int], kv_tile: tupl
     if na_gluon.gluon_supports(head_dim, q_tile, kv_tile):
         return na_gluon.na_fwd_shift_kernel, na_gluon.num_warps(q_tile), options
     return None
-
-
-@functools.cache
-def _direct(kernel) -> _triton_launch.DirectLaunch:
-    # Launches through the compiled kernel's launcher after the first: Triton's own launch path binds
-    # and specialises ~50 arguments a call, host time the GPU waits out at the DiffVAE tile sizes.
-    return _triton_launch.DirectLaunch(kernel)
-
-
-def _ordered(kernel, args: tuple, named: dict) -> tuple:
-    """``args`` then the kernel's remaining parameters by name (their defaults where not named), in
-    signature order: the form ``DirectLaunch`` takes."""
-    return (*args, *(named[name] if name in named else default for name, default in _params(kernel)[len(args):]))
-
-
-@functools.cache
-def _params(kernel) -> tuple[tuple[str, object], ...]:
-    return tuple((p.name, p.default) for p in inspect.signature(kernel.fn).parameters.values())
 
 
 def _hopper(q: torch.Tensor) -> bool:
