@@ -38,6 +38,8 @@ GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": 
          "pipelined q smem": {"Q_REGS": False}, "pipelined shallow": {"DEEP": False},
          "ws q 128": {}, "ws q 128 q regs": {"Q_REGS": True}, "ws q 128 q smem": {"Q_REGS": False},
          "ws q 128 shallow": {"DEEP": False}}
+# Rows that set na_triton module switches (restored after the row) on the shipped config.
+SWITCHES = {"in-kernel descriptors": {"HOST_DESCRIPTORS": False}, "redo one tile a program": {"REDO_CHUNK_MAX": 1}}
 # 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
 TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
 
@@ -46,7 +48,7 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
     n = len(case.spatial)
     lead = (1,) * (3 - n)
     spatial = lead + case.spatial
-    out = [("shipped", base),
+    out = [("shipped", base), *((label, base) for label in SWITCHES),
            ("stages 2", dataclasses.replace(base, num_stages=2)), ("stages 4", dataclasses.replace(base, num_stages=4)),
            ("tma flipped", dataclasses.replace(base, tma=not base.tma)),
            ("shift flipped", dataclasses.replace(base, shift=not base.shift)),
@@ -124,12 +126,18 @@ def main() -> None:
                 K.na_gluon_ws.OPTIONS.clear()
                 K.na_gluon_ws.OPTIONS.update({**shipped_ws, **(GLUON.get(label, {}) if label.startswith("ws ") else {})})
             K.WARP_SPECIALIZED = label.startswith("ws ")
+            saved = {name: getattr(K, name) for name in SWITCHES.get(label, {})}
             try:
+                for name, value in SWITCHES.get(label, {}).items():
+                    setattr(K, name, value)
                 err = sample_error(case, fn(*args, config=cfg), sample)
                 ms = do_bench(lambda fn=fn, cfg=cfg, args=args: fn(*args, config=cfg), return_mode="median")
             except Exception as exc:  # a variant that does not compile or launch is a row, not a stop
                 print(f"  {label:<18} {cfg!s:<60} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
+            finally:
+                for name, value in saved.items():
+                    setattr(K, name, value)
             computed = K.visited_pairs(case.spatial, case.kernel, (1,) * n, (False,) * n, (1,) * n, cfg)
             print(f"  {label:<18} q{cfg.q_tile} kv{cfg.kv_tile} w{cfg.num_warps} s{cfg.num_stages} tma {int(cfg.tma)}"
                   f" shift {int(cfg.shift)}"

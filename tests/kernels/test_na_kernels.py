@@ -981,3 +981,76 @@ def test_triton_gpu_tma_and_pointer_tiles_agree(head_dim: int):
         assert not na_triton.tma_layout_ok(off)
         got_off = na_triton.neighborhood_attention(off, k, v, kernel, dil, causal, None, stride, config=cfg)
         assert rel_err(got_off, ref) < 5e-3, (spatial, kernel)
+
+
+def test_host_descriptor_and_redo_chunk_rules(monkeypatch):
+    """Which calls take the launch's TMA descriptors, and how many tiles a REDO program takes."""
+    from xbackend.kernels import na_triton
+
+    monkeypatch.setattr(na_triton, "REDO_CHUNK_MAX", 8)
+
+    one = torch.empty(1, 4, 6, 8, 3, 64, dtype=torch.bfloat16)
+    assert na_triton.host_descriptors_ok((1, 1, 1), 64, one, one)
+    assert not na_triton.host_descriptors_ok((1, 1, 2), 64, one)  # a dilation group is its own sub-grid
+    assert not na_triton.host_descriptors_ok((1, 1, 1), 64, torch.empty(2, 4, 6, 8, 3, 64))  # batch 2
+    padded = torch.empty(1, 4, 6, 8, 3, 80)
+    assert not na_triton.host_descriptors_ok((1, 1, 1), 80, padded)  # a 128-wide box reads the next head
+    heads_apart = torch.empty(1, 3, 4, 6, 8, 64).permute(0, 2, 3, 4, 1, 5)  # heads a volume apart
+    assert not na_triton.host_descriptors_ok((1, 1, 1), 64, heads_apart)
+    assert na_triton.host_descriptors_ok((1, 1, 1), 64, torch.empty(1, 4, 6, 8, 1, 64))
+    floor = na_triton.REDO_MIN_PROGRAMS
+    assert [na_triton.redo_chunk(n) for n in (1, 2 * floor - 1, 2 * floor, 4 * floor, 23040, 10**7)] == [1, 1, 2, 4, 8, 8]
+
+
+def launch_form_outputs(device: str = "cpu", dtype: str = "float32", head_dim: int = 64) -> list[list]:
+    """(case, host == in-kernel descriptors, chunked == one-tile REDO programs, rel error) for batch-1
+    calls whose loose-bound tiles (the first frames' queries x 60) go to the REDO launch. On the CPU
+    it needs TRITON_INTERPRET=1 at import."""
+    import dataclasses
+
+    if device == "cpu":
+        _patch_triton_interpreter_index()
+    from xbackend.kernels import na_triton
+
+    rows = []
+    for spatial, kernel, causal, stride in [((6, 9, 10), (3, 5, 4), (False,) * 3, (1, 1, 1)),
+                                            ((8, 12, 20), (6, 4, 8), (True, False, False), (2, 4, 8))]:  # fmt: skip
+        q, k, v = make_qkv(spatial, 2, head_dim, torch.float32, seed=31, device=device)
+        q[:, :2] *= 60.0
+        q, k, v = (t.to(getattr(torch, dtype)) for t in (q, k, v))
+        ref = reference(q.double(), k.double(), v.double(), kernel, (1,) * 3, causal, None, stride)
+        cfg = na_triton.config_for(q.shape, kernel, (1,) * 3, causal, stride)
+        cfg = dataclasses.replace(cfg, tma=True, shift=True, pipelined=False)
+        if device == "cpu":
+            cfg = dataclasses.replace(cfg, num_stages=1)
+        assert na_triton.host_descriptors_ok((1, 1, 1), head_dim, q, k, v)
+        outs = {}
+        names = ("HOST_DESCRIPTORS", "REDO_CHUNK_MAX", "REDO_MIN_PROGRAMS")
+        saved = [getattr(na_triton, n) for n in names]
+        try:
+            # (host descriptors, REDO_CHUNK_MAX, REDO_MIN_PROGRAMS): one-tile REDO programs but for "chunked".
+            for name, switches in (("host", (True, 1, 1)), ("in-kernel", (False, 1, 1)), ("chunked", (True, 8, 1))):
+                for n, value in zip(names, switches, strict=True):
+                    setattr(na_triton, n, value)
+                outs[name] = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, causal, None, stride,
+                                                              config=cfg)
+        finally:
+            for n, value in zip(names, saved, strict=True):
+                setattr(na_triton, n, value)
+        rows.append([f"{spatial} k{kernel} c{causal} s{stride}", torch.equal(outs["host"], outs["in-kernel"]),
+                     torch.equal(outs["host"], outs["chunked"]), rel_err(outs["host"], ref)])
+    return rows
+
+
+def test_triton_interpreter_launch_forms():
+    for case, same_desc, same_chunk, err in _interpreted("launch_form_outputs"):
+        assert same_desc and same_chunk and err < 1e-5, (case, same_desc, same_chunk, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_triton_gpu_launch_forms_bit_identical(head_dim: int):
+    """On the GPU, bf16: the launch's TMA descriptors against descriptors built in every program, and
+    REDO programs of several tiles against one tile each, bit for bit, within the op's tolerance."""
+    for case, same_desc, same_chunk, err in launch_form_outputs("cuda", "bfloat16", head_dim):
+        assert same_desc and same_chunk and err < 5e-3, (case, same_desc, same_chunk, err)

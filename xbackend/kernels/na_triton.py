@@ -72,6 +72,7 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from xbackend.kernels import _triton_launch
 from xbackend.kernels.key_norm import max_key_norm
@@ -98,7 +99,8 @@ SHIFT_MAX = 48.0
 
 
 @triton.jit
-def _na_fwd_kernel(
+def _na_tile(
+    pid_t, pid_bh, pid_g, flat_pid,  # this tile's Q tile, batch * head, dilation group; its flag's index
     Q, K, V, Out,
     KNORM,  # [B * heads] fp32: the largest key norm of each (batch, head); read when SHIFT
     FLAGS,  # [programs] int32: set by a SHIFT launch for the programs it left to the REDO launch
@@ -117,21 +119,17 @@ def _na_fwd_kernel(
     TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
-    TMA: tl.constexpr,  # tiles by TMA over the program's dilation sub-grid (descriptors made in-kernel)
+    # 0: pointer gathers; 1: TMA by 4-D descriptors made in-kernel over the program's dilation sub-grid;
+    # 2: TMA by the launch's 4-D descriptors Q, K, V, Out over [S0, S1, S2, heads * head_dim] (batch 1)
+    TMA: tl.constexpr,
     SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
     REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
     SHIFT_MAX: tl.constexpr,
     POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
 ):
+    """One Q tile's attention (the kernel's body; a chunked REDO program runs several)."""
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
     BLOCK_N: tl.constexpr = TK0 * TK1 * TK2
-    pid_t = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    pid_g = tl.program_id(2)
-    flat_pid = pid_t + tl.num_programs(0) * (pid_bh + tl.num_programs(1) * pid_g)
-    if REDO:
-        if tl.load(FLAGS + flat_pid) == 0:
-            return
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     g0, g1, g2, N0, N1, N2, live, a0, a1, a2, lo0, lo1, lo2, hi0, hi1, hi2 = tile_box(
@@ -158,13 +156,20 @@ def _na_fwd_kernel(
     # fill the pad columns with zeros (they add nothing to q.k; p.v's pad columns are not stored).
     offs_d = tl.arange(0, HEAD_PAD)
     d_ok = offs_d < HEAD_DIM
-    b64 = b.to(tl.int64)
-    h64 = h.to(tl.int64)
-    q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
-    k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
-    v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
-    o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
-    if TMA:
+    tcol = h * HEAD_DIM  # the head's first column on a TMA == 2 descriptor's last axis
+    if TMA == 2:
+        # The launch's descriptors (kernel parameters): nothing to build or fence before the first load.
+        k_desc = K
+        v_desc = V
+        k_base = K  # unused: load_block reads through the descriptor
+        v_base = V
+        q = tl.reshape(Q.load([a0, a1, a2, tcol]), [BLOCK_M, HEAD_PAD])
+    elif TMA == 1:
+        b64 = b.to(tl.int64)
+        h64 = h.to(tl.int64)
+        q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
+        k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
+        v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
         # One descriptor per tensor over this program's sub-grid [N0, N1, N2, HEAD_DIM]: a box past the
         # group's end or past HEAD_DIM is zero-filled on load (those keys fail the window test, those
         # query rows and pad columns are clipped on store), so nothing is clamped or masked here.
@@ -179,6 +184,11 @@ def _na_fwd_kernel(
                                            block_shape=[TK0, TK1, TK2, HEAD_PAD])
         q = tl.reshape(q_desc.load([a0, a1, a2, 0]), [BLOCK_M, HEAD_PAD])
     else:
+        b64 = b.to(tl.int64)
+        h64 = h.to(tl.int64)
+        q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
+        k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
+        v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
         k_desc = k_base  # unused: load_block reads through pointers
         v_desc = v_base
         q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
@@ -218,16 +228,21 @@ def _na_fwd_kernel(
     acc, l_i = kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
                        k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
                        offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                       CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT)
+                       CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT, tcol)
 
     acc = acc / l_i[:, None]
-    if TMA:
+    if TMA == 2:
+        if live:
+            Out.store([a0, a1, a2, tcol], tl.reshape(acc.to(q.dtype), [TQ0, TQ1, TQ2, HEAD_PAD]))
+    elif TMA == 1:
+        o_base = Out + b.to(tl.int64) * sob + h.to(tl.int64) * soh + g0 * so0 + g1 * so1 + g2 * so2
         o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM],
                                            strides=[DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
                                            block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
         if live:
             o_desc.store([a0, a1, a2, 0], tl.reshape(acc.to(Out.dtype.element_ty), [TQ0, TQ1, TQ2, HEAD_PAD]))
     else:
+        o_base = Out + b.to(tl.int64) * sob + h.to(tl.int64) * soh + g0 * so0 + g1 * so1 + g2 * so2
         o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
         if HEAD_PAD != HEAD_DIM:
             tl.store(
@@ -237,6 +252,71 @@ def _na_fwd_kernel(
             )
         else:
             tl.store(o_base + o_row[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _na_fwd_kernel(
+    Q, K, V, Out,
+    KNORM,  # [B * heads] fp32: the largest key norm of each (batch, head); read when SHIFT
+    FLAGS,  # [programs] int32: set by a SHIFT launch for the programs it left to the REDO launch
+    sqb, sqh, sq0, sq1, sq2,
+    skb, skh, sk0, sk1, sk2,
+    svb, svh, sv0, sv1, sv2,
+    sob, soh, so0, so1, so2,
+    L0, L1, L2,
+    KS0, KS1, KS2,
+    DIL0, DIL1, DIL2,
+    n_heads,
+    qk_scale,
+    CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+    STRIDE0: tl.constexpr, STRIDE1: tl.constexpr, STRIDE2: tl.constexpr,
+    TQ0: tl.constexpr, TQ1: tl.constexpr, TQ2: tl.constexpr,
+    TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    # 0: pointer gathers; 1: TMA by 4-D descriptors made in-kernel over the program's dilation sub-grid;
+    # 2: TMA by the launch's 4-D descriptors Q, K, V, Out over [S0, S1, S2, heads * head_dim] (batch 1)
+    TMA: tl.constexpr,
+    SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
+    REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
+    SHIFT_MAX: tl.constexpr,
+    POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
+    REDO_CHUNK: tl.constexpr,  # REDO: consecutive tiles a program takes (1-D grid) where more than 1
+    n_programs,  # the tile grid's size (REDO_CHUNK > 1)
+    grid_t, grid_bh,  # its first two extents
+):
+    if REDO_CHUNK > 1:
+        # A REDO program per REDO_CHUNK tiles: one load of their flags and, where none is set, an exit.
+        # 23040 one-tile programs exiting at once took 29 us of a DiffVAE stage-5 tile's call (H200).
+        first = tl.program_id(0) * REDO_CHUNK
+        offs = first + tl.arange(0, REDO_CHUNK)
+        if tl.max(tl.load(FLAGS + offs, mask=offs < n_programs, other=0), 0) != 0:
+            for i in range(REDO_CHUNK):
+                flat_pid = first + i
+                if flat_pid < n_programs:
+                    if tl.load(FLAGS + flat_pid) != 0:
+                        pid_t = flat_pid % grid_t
+                        pid_bh = (flat_pid // grid_t) % grid_bh
+                        pid_g = flat_pid // (grid_t * grid_bh)
+                        _na_tile(
+                            pid_t, pid_bh, pid_g, flat_pid, Q, K, V, Out, KNORM, FLAGS, sqb, sqh, sq0, sq1, sq2, skb,
+                            skh, sk0, sk1, sk2, svb, svh, sv0, sv1, sv2, sob, soh, so0, so1, so2, L0, L1, L2, KS0,
+                            KS1, KS2, DIL0, DIL1, DIL2, n_heads, qk_scale, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0,
+                            STRIDE1, STRIDE2, TQ0, TQ1, TQ2, TK0, TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO,
+                            SHIFT_MAX, POS_SCALE)
+    else:
+        pid_t = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        pid_g = tl.program_id(2)
+        flat_pid = pid_t + tl.num_programs(0) * (pid_bh + tl.num_programs(1) * pid_g)
+        if REDO:
+            if tl.load(FLAGS + flat_pid) == 0:
+                return
+        _na_tile(
+            pid_t, pid_bh, pid_g, flat_pid, Q, K, V, Out, KNORM, FLAGS, sqb, sqh, sq0, sq1, sq2, skb, skh, sk0,
+            sk1, sk2, svb, svh, sv0, sv1, sv2, sob, soh, so0, so1, so2, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1,
+            DIL2, n_heads, qk_scale, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2, TK0,
+            TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO, SHIFT_MAX, POS_SCALE)
 
 
 # ---------------------------------------------------------------- entry points
@@ -332,25 +412,46 @@ def neighborhood_attention(
     args = (q3, k3, v3, o3, knorm, flags,
             *strides(q3), *strides(k3), *strides(v3), *strides(o3),
             s0, s1, s2, *ks, *dil, heads, float(scale) * _LOG2E, *causal, *st, *tq, *config.kv_tile)
-    launch = functools.partial(
-        _na_fwd_kernel[grid],
-        *args,
-        HEAD_DIM=head_dim,
-        HEAD_PAD=triton.next_power_of_2(head_dim),
-        TMA=tma,
-        SHIFT_MAX=SHIFT_MAX,
-        POS_SCALE=float(scale) > 0,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
-        # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
-        enable_fp_fusion=True,
-    )
+    head_pad = triton.next_power_of_2(head_dim)
+    mode = 0
+    if tma:
+        mode = 2 if HOST_DESCRIPTORS and host_descriptors_ok(dil, head_dim, q3, k3, v3, o3) else 1
+    n_programs = math.prod(grid)
+    chunk = redo_chunk(n_programs)
+    if mode == 2:
+        kv_block = [*config.kv_tile, head_pad]
+        descs = (_descriptor(q3, [*tq, head_pad]), _descriptor(k3, kv_block), _descriptor(v3, kv_block),
+                 _descriptor(o3, [*tq, head_pad]))
+        targs = (*descs, *args[4:])
+    else:
+        targs = args
+
+    def launch(redo: bool, shift: bool) -> None:
+        one_d = redo and chunk > 1
+        _na_fwd_kernel[(triton.cdiv(n_programs, chunk),) if one_d else grid](
+            *targs,
+            HEAD_DIM=head_dim,
+            HEAD_PAD=head_pad,
+            TMA=mode,
+            SHIFT=shift,
+            REDO=redo,
+            SHIFT_MAX=SHIFT_MAX,
+            POS_SCALE=float(scale) > 0,
+            REDO_CHUNK=chunk if one_d else 1,
+            n_programs=n_programs,
+            grid_t=grid[0],
+            grid_bh=grid[1],
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+            # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
+            # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
+            enable_fp_fusion=True,
+        )
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
     # once otherwise). Without: the online walk alone.
-    launches = ([functools.partial(launch, SHIFT=True, REDO=False), functools.partial(launch, SHIFT=False, REDO=True)]
-                if shift else [functools.partial(launch, SHIFT=False, REDO=False)])
+    launches = ([functools.partial(launch, False, True), functools.partial(launch, True, False)]
+                if shift else [functools.partial(launch, False, False)])
     if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
         pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile, st)
@@ -400,6 +501,46 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 def _launch_with_scratch(launch: Callable[[], object]) -> None:
     triton.set_allocator(_scratch)
     launch()
+
+
+# TMA tiles through descriptors the launch makes (kernel parameters, where ``host_descriptors_ok``)
+# when set, else four built in every program (each a global write, a fence and a barrier before its
+# first use). Off until timed on the H200; lab/gpu/na_sweep.py compares the two.
+HOST_DESCRIPTORS = False
+# The REDO launch's programs take up to this many consecutive tiles each (``redo_chunk``); 1 keeps a
+# program per tile. Set to 1 until timed on the H200 (lab/gpu/na_sweep.py).
+REDO_CHUNK_MAX = 1
+# Tiles a REDO launch keeps as separate programs before it groups them: 2048 is about 4 waves of
+# 4 programs an SM on the H200's 132 SMs, so a launch whose every tile is flagged still fills the GPU.
+REDO_MIN_PROGRAMS = 2048
+
+
+def redo_chunk(n_programs: int) -> int:
+    """Consecutive tiles per REDO program: the largest power of two up to ``REDO_CHUNK_MAX`` that
+    leaves at least ``REDO_MIN_PROGRAMS`` programs (1 for smaller grids)."""
+    chunk = 1
+    while chunk < REDO_CHUNK_MAX and n_programs // (2 * chunk) >= REDO_MIN_PROGRAMS:
+        chunk *= 2
+    return chunk
+
+
+def host_descriptors_ok(dilation: tuple[int, int, int], head_dim: int, *tensors: torch.Tensor) -> bool:
+    """Whether one 4-D descriptor ``[S0, S1, S2, heads * head_dim]`` per tensor serves every
+    program: batch 1 (a box past one batch's end must read zeros, not the next batch's keys, which
+    may hold inf or NaN), no dilation (a group is a strided sub-grid of its own), head_dim a power
+    of two (a padded box would read the next head's columns instead of zeros) and heads packed at
+    head_dim apart (one head is a column range of the last axis). A 5-D descriptor with the batch
+    axis took 8 more instructions a KV trip at the stage-5 tile (sm90: the two extra coordinates
+    moved to uniform registers every trip)."""
+    if dilation != (1, 1, 1) or head_dim & (head_dim - 1) or any(t.shape[0] != 1 for t in tensors):
+        return False
+    return all(t.shape[4] == 1 or t.stride(4) == head_dim for t in tensors)
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    _, s0, s1, s2, heads, head_dim = t.shape
+    st = t.stride()
+    return TensorDescriptor(t, [s0, s1, s2, heads * head_dim], [st[1], st[2], st[3], 1], block)
 
 
 def tma_layout_ok(*tensors: torch.Tensor) -> bool:
