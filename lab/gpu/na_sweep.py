@@ -39,7 +39,10 @@ GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": 
          "ws q 128": {}, "ws q 128 q regs": {"Q_REGS": True}, "ws q 128 q smem": {"Q_REGS": False},
          "ws q 128 shallow": {"DEEP": False}}
 # Rows that set na_triton module switches (restored after the row) on the shipped config.
-SWITCHES = {"in-kernel descriptors": {"HOST_DESCRIPTORS": False}, "redo one tile a program": {"REDO_CHUNK_MAX": 1}}
+SWITCHES = {"host descriptors": {"HOST_DESCRIPTORS": True}, "in-kernel descriptors": {"HOST_DESCRIPTORS": False},
+            "redo 8 tiles": {"REDO_CHUNK_MAX": 8}, "redo 1 tile": {"REDO_CHUNK_MAX": 1},
+            "host desc + redo 8": {"HOST_DESCRIPTORS": True, "REDO_CHUNK_MAX": 8},
+            "in-kernel + redo 1": {"HOST_DESCRIPTORS": False, "REDO_CHUNK_MAX": 1}}
 # 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
 TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
 
