@@ -9,7 +9,9 @@ order, from torch's profiler over 20 calls, beside four timings of the call:
   back-to-back    events around 20 calls in a row, no flush
   host            host time a call to enqueue its launches (perf_counter, no sync)
 
-    python3 lab/gpu/na_launch_parts.py [--cases stage5,video,small3d]
+    python3 lab/gpu/na_launch_parts.py [--cases stage5,video,small3d] [--set HOST_DESCRIPTORS=0,REDO_CHUNK_MAX=1]
+
+``--set`` sets na_triton module switches (integers) for the run.
 """
 
 from __future__ import annotations
@@ -54,7 +56,14 @@ def flushed(fn, sleep_cycles: int, reps: int = 15) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="stage5,video,small3d")
+    ap.add_argument("--set", default="", help="na_triton switches, NAME=INT[,NAME=INT]")
     a = ap.parse_args()
+    for item in filter(None, a.set.split(",")):
+        name, value = item.split("=")
+        if not hasattr(K, name):
+            raise SystemExit(f"--set: na_triton has no switch {name!r}")
+        setattr(K, name, type(getattr(K, name))(int(value)))
+    print(f"na_triton switches: HOST_DESCRIPTORS={K.HOST_DESCRIPTORS} REDO_CHUNK_MAX={K.REDO_CHUNK_MAX}")
     from triton.testing import do_bench
 
     by_name = {c.name: c for group in CASES.values() for c in group}

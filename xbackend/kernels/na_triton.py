@@ -24,7 +24,10 @@ fp32; bf16/fp16 operands on the tensor cores.
   never rescales the accumulator (372 SASS instructions a trip at the video case against 438;
   2-9% less time on the H200's 3-D cases, more time on 2-D ones). A tile with a looser bound (large
   activations) walks nothing in that launch and sets its flag; a second launch runs the online walk
-  for exactly the flagged tiles, the others exiting at once.
+  for exactly the flagged tiles, the others exiting at once. On large grids a program of that launch
+  takes up to ``REDO_CHUNK_MAX`` consecutive tiles, reads their flags in one load and exits when none
+  is set (``redo_chunk`` keeps at least ``REDO_MIN_PROGRAMS`` programs, so a call whose every tile is
+  flagged still fills the GPU).
 * Shift walk's window test (scale > 0, ``na_triton_blocks.shifted_exponent``): the tests of axis 2
   and of axes the KV block is 1 wide on choose the exponent FMA's addend (``-m`` or -inf), which a
   thread's accumulator columns share across few distinct axis-2 offsets; only the other axes select
@@ -51,9 +54,12 @@ fp32; bf16/fp16 operands on the tensor cores.
   the masks are not generated.
 
 * TMA (``NAConfig.tma``, set by ``config_for`` where it measured faster: 3-D windows at head_dim >= 64):
-  q/k/v/out tiles move by tensor descriptors made in the kernel over the program's dilation sub-grid
-  ``[N0, N1, N2, head_dim]``. The hardware zero-fills a box past the group's end or past head_dim on
-  load and clips it on store, so nothing is clamped or masked for the loads. A call whose bases or
+  q/k/v/out tiles move by tensor descriptors: for batch-1 calls without dilation at power-of-two head
+  dims, four the launch makes over ``[S0, S1, S2, heads * head_dim]`` (``host_descriptors_ok``; a
+  head is a column range); otherwise four each program makes over its dilation sub-grid
+  ``[N0, N1, N2, head_dim]``, a global write and a fence each before first use. The hardware
+  zero-fills a box past the group's end or past head_dim on load and clips it on store, so nothing is
+  clamped or masked for the loads. A call whose bases or
   strides break TMA's 16-byte rules (``tma_layout_ok``) takes the pointer loads.
 
 Limits (``supports``): CUDA, bf16/fp16, any stride the op accepts, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
@@ -503,13 +509,14 @@ def _launch_with_scratch(launch: Callable[[], object]) -> None:
     launch()
 
 
-# TMA tiles through descriptors the launch makes (kernel parameters, where ``host_descriptors_ok``)
-# when set, else four built in every program (each a global write, a fence and a barrier before its
-# first use). Off until timed on the H200; lab/gpu/na_sweep.py compares the two.
-HOST_DESCRIPTORS = False
+# TMA tiles through four descriptors the launch makes (kernel parameters, where ``host_descriptors_ok``)
+# rather than four each program builds (each a global write, a fence and a barrier before its first
+# use): on the H200 (Triton 3.6) the DiffVAE stage-5 tile took 2.663 / 2.576 ms against 2.730 / 2.692
+# ms with the programs' own, two passes of one process (lab/results/h200/na_sweep_launch_forms_*.txt).
+HOST_DESCRIPTORS = True
 # The REDO launch's programs take up to this many consecutive tiles each (``redo_chunk``); 1 keeps a
-# program per tile. Set to 1 until timed on the H200 (lab/gpu/na_sweep.py).
-REDO_CHUNK_MAX = 1
+# program per tile, whose 23040 programs at the stage-5 tile cost 29 us exiting at once (H200).
+REDO_CHUNK_MAX = 8
 # Tiles a REDO launch keeps as separate programs before it groups them: 2048 is about 4 waves of
 # 4 programs an SM on the H200's 132 SMs, so a launch whose every tile is flagged still fills the GPU.
 REDO_MIN_PROGRAMS = 2048
