@@ -54,9 +54,9 @@ fp32; bf16/fp16 operands on the tensor cores.
   the masks are not generated.
 
 * TMA (``NAConfig.tma``, set by ``config_for`` where it measured faster: 3-D windows at head_dim >= 64):
-  q/k/v/out tiles move by tensor descriptors: for batch-1 calls without dilation at power-of-two head
-  dims, four the launch makes over ``[S0, S1, S2, heads * head_dim]`` (``host_descriptors_ok``; a
-  head is a column range); otherwise four each program makes over its dilation sub-grid
+  q/k/v/out tiles move by tensor descriptors: for calls without dilation at power-of-two head dims,
+  four the launch makes over ``[B, S0, S1, S2, heads * head_dim]`` (``host_descriptors_ok``; a head
+  is a column range); otherwise four each program makes over its dilation sub-grid
   ``[N0, N1, N2, head_dim]``, a global write and a fence each before first use. The hardware
   zero-fills a box past the group's end or past head_dim on load and clips it on store, so nothing is
   clamped or masked for the loads. A call whose bases or
@@ -126,7 +126,7 @@ def _na_tile(
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     # 0: pointer gathers; 1: TMA by 4-D descriptors made in-kernel over the program's dilation sub-grid;
-    # 2: TMA by the launch's 4-D descriptors Q, K, V, Out over [S0, S1, S2, heads * head_dim] (batch 1)
+    # 2: TMA by the launch's 5-D descriptors Q, K, V, Out over [batch, S0, S1, S2, heads * head_dim]
     TMA: tl.constexpr,
     SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
     REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
@@ -169,7 +169,7 @@ def _na_tile(
         v_desc = V
         k_base = K  # unused: load_block reads through the descriptor
         v_base = V
-        q = tl.reshape(Q.load([a0, a1, a2, tcol]), [BLOCK_M, HEAD_PAD])
+        q = tl.reshape(Q.load([b, a0, a1, a2, tcol]), [BLOCK_M, HEAD_PAD])
     elif TMA == 1:
         b64 = b.to(tl.int64)
         h64 = h.to(tl.int64)
@@ -234,12 +234,12 @@ def _na_tile(
     acc, l_i = kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
                        k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
                        offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                       CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT, tcol)
+                       CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT, b, tcol)
 
     acc = acc / l_i[:, None]
     if TMA == 2:
         if live:
-            Out.store([a0, a1, a2, tcol], tl.reshape(acc.to(q.dtype), [TQ0, TQ1, TQ2, HEAD_PAD]))
+            Out.store([b, a0, a1, a2, tcol], tl.reshape(acc.to(q.dtype), [1, TQ0, TQ1, TQ2, HEAD_PAD]))
     elif TMA == 1:
         o_base = Out + b.to(tl.int64) * sob + h.to(tl.int64) * soh + g0 * so0 + g1 * so1 + g2 * so2
         o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM],
@@ -281,7 +281,7 @@ def _na_fwd_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     # 0: pointer gathers; 1: TMA by 4-D descriptors made in-kernel over the program's dilation sub-grid;
-    # 2: TMA by the launch's 4-D descriptors Q, K, V, Out over [S0, S1, S2, heads * head_dim] (batch 1)
+    # 2: TMA by the launch's 5-D descriptors Q, K, V, Out over [batch, S0, S1, S2, heads * head_dim]
     TMA: tl.constexpr,
     SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
     REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
@@ -425,9 +425,9 @@ def neighborhood_attention(
     n_programs = math.prod(grid)
     chunk = redo_chunk(n_programs)
     if mode == 2:
-        kv_block = [*config.kv_tile, head_pad]
-        descs = (_descriptor(q3, [*tq, head_pad]), _descriptor(k3, kv_block), _descriptor(v3, kv_block),
-                 _descriptor(o3, [*tq, head_pad]))
+        kv_block = [1, *config.kv_tile, head_pad]
+        descs = (_descriptor(q3, [1, *tq, head_pad]), _descriptor(k3, kv_block), _descriptor(v3, kv_block),
+                 _descriptor(o3, [1, *tq, head_pad]))
         targs = (*descs, *args[4:])
     else:
         targs = args
@@ -532,22 +532,19 @@ def redo_chunk(n_programs: int) -> int:
 
 
 def host_descriptors_ok(dilation: tuple[int, int, int], head_dim: int, *tensors: torch.Tensor) -> bool:
-    """Whether one 4-D descriptor ``[S0, S1, S2, heads * head_dim]`` per tensor serves every
-    program: batch 1 (a box past one batch's end must read zeros, not the next batch's keys, which
-    may hold inf or NaN), no dilation (a group is a strided sub-grid of its own), head_dim a power
-    of two (a padded box would read the next head's columns instead of zeros) and heads packed at
-    head_dim apart (one head is a column range of the last axis). A 5-D descriptor with the batch
-    axis took 8 more instructions a KV trip at the stage-5 tile (sm90: the two extra coordinates
-    moved to uniform registers every trip)."""
-    if dilation != (1, 1, 1) or head_dim & (head_dim - 1) or any(t.shape[0] != 1 for t in tensors):
+    """Whether one 5-D descriptor ``[B, S0, S1, S2, heads * head_dim]`` per tensor serves every
+    program: no dilation (a group is a strided sub-grid of its own), head_dim a power of two (a
+    padded box would read the next head's columns instead of zeros) and heads packed at head_dim
+    apart (one head is a column range of the last axis)."""
+    if dilation != (1, 1, 1) or head_dim & (head_dim - 1):
         return False
     return all(t.shape[4] == 1 or t.stride(4) == head_dim for t in tensors)
 
 
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    _, s0, s1, s2, heads, head_dim = t.shape
+    b, s0, s1, s2, heads, head_dim = t.shape
     st = t.stride()
-    return TensorDescriptor(t, [s0, s1, s2, heads * head_dim], [st[1], st[2], st[3], 1], block)
+    return TensorDescriptor(t, [b, s0, s1, s2, heads * head_dim], [st[0], st[1], st[2], st[3], 1], block)
 
 
 def tma_layout_ok(*tensors: torch.Tensor) -> bool:

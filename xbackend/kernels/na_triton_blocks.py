@@ -122,12 +122,12 @@ def next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0: tl.constexpr, TK1: tl.cons
 @triton.jit
 def load_block(desc, base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, s0, s1, s2, offs_d,
                 HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                tcol=0):
+                tb=0, tcol=0):
     """The [BLOCK_N, HEAD_PAD] K or V block whose first key is (c0, c1, c2). ``TMA``: 0 pointer
-    gathers, 1 a 4-D descriptor over the program's sub-grid, 2 the launch's 4-D descriptor over
-    ``[S0, S1, S2, heads * head_dim]`` (batch 1; the head's first column ``tcol``)."""
+    gathers, 1 a 4-D descriptor over the program's sub-grid, 2 the launch's 5-D descriptor over
+    ``[batch, S0, S1, S2, heads * head_dim]`` (batch ``tb``, the head's first column ``tcol``)."""
     if TMA == 2:
-        return tl.reshape(desc.load([c0, c1, c2, tcol]), [BLOCK_N, HEAD_PAD])
+        return tl.reshape(desc.load([tb, c0, c1, c2, tcol]), [BLOCK_N, HEAD_PAD])
     elif TMA == 1:
         return tl.reshape(desc.load([c0, c1, c2, 0]), [BLOCK_N, HEAD_PAD])
     else:
@@ -146,7 +146,7 @@ def scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, 
             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
             qk_scale, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-            POS_SCALE: tl.constexpr, tcol=0):
+            POS_SCALE: tl.constexpr, tb=0, tcol=0):
     """q.k of the KV block at (c0, c1, c2), -inf outside each query's window, and the block's V. With
     ``POS_SCALE`` (scale > 0) the scores are left unscaled for the caller's exponent FMA to scale (a
     masked -inf stays -inf); otherwise they are scaled before the mask (-inf * 0 would be NaN, and a
@@ -155,9 +155,9 @@ def scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, 
     # Triton 3.6: V's TMA load placed after the q.k dot gave wrong results for square
     # BLOCK_N x HEAD_PAD blocks, 64 x 64 and 128 x 128; lab/gpu/na_tma_shapes.py).
     kb = load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
-                    HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tcol)
+                    HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tb, tcol)
     vb = load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
-                    HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tcol)
+                    HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tb, tcol)
     qk = tl.dot(q, tl.trans(kb))
     ok = axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
     ok = ok & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
@@ -202,7 +202,7 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
             HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-            POS_SCALE: tl.constexpr, FIXED: tl.constexpr, tcol=0):
+            POS_SCALE: tl.constexpr, FIXED: tl.constexpr, tb=0, tcol=0):
     """The walk over the tile's KV blocks. Online softmax (running row max, accumulator rescaled when
     it grows), or with ``FIXED`` a per-row shift ``m_i`` known to bound every score of the row: no row
     max, no rescale (the kernel's ``SHIFT`` launch). Scores and ``m_i`` are in log2 units (the scale
@@ -218,9 +218,9 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
         if FIXED:
             if POS_SCALE:
                 kb = load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
-                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tcol)
+                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tb, tcol)
                 vb = load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
-                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tcol)
+                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tb, tcol)
                 p = tl.math.exp2(shifted_exponent(tl.dot(q, tl.trans(kb)), fold, -m_i, c0, c1, c2, n0, n1, n2,
                                                   qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
                                                   CAUSAL0, CAUSAL1, CAUSAL2))
@@ -228,7 +228,7 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
                 qk, vb = scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
                                 ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
                                 TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, qk_scale, HEAD_DIM, HEAD_PAD, BLOCK_N,
-                                TMA, POS_SCALE, tcol)
+                                TMA, POS_SCALE, tb, tcol)
                 p = tl.math.exp2(qk * fold - m_i[:, None])
             l_i = l_i + tl.sum(p, 1)
             acc = acc + tl.dot(p.to(vb.dtype), vb)
@@ -236,7 +236,7 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
             qk, vb = scores(q, c0, c1, c2, k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
                             ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
                             TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, qk_scale, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA,
-                            POS_SCALE, tcol)
+                            POS_SCALE, tb, tcol)
             m_new = tl.maximum(m_i, tl.max(qk, 1) * fold)
             p = tl.math.exp2(qk * fold - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
