@@ -1002,7 +1002,7 @@ def test_host_descriptor_and_redo_chunk_rules(monkeypatch):
     assert [na_triton.redo_chunk(n) for n in (1, 2 * floor - 1, 2 * floor, 4 * floor, 23040, 10**7)] == [1, 1, 2, 4, 8, 8]
 
 
-def launch_form_outputs(device: str = "cpu", dtype: str = "float32", head_dim: int = 64) -> list[list]:
+def launch_form_outputs(device: str = "cpu", dtype: str = "float32", head_dim: int = 16) -> list[list]:
     """(case, host == in-kernel descriptors, chunked == one-tile REDO programs, rel error) for calls
     whose loose-bound tiles (the first frames' queries x 60) go to the REDO launch; batch 2 on the
     strided case (a box past one batch's last frame must read zeros, not the next batch's keys). On
