@@ -1014,8 +1014,8 @@ def launch_form_outputs(device: str = "cpu", dtype: str = "float32", head_dim: i
     from xbackend.kernels import na_triton
 
     rows = []
-    for spatial, kernel, causal, stride, batch in [((6, 9, 10), (3, 5, 4), (False,) * 3, (1, 1, 1), 1),
-                                                   ((8, 12, 20), (6, 4, 8), (True, False, False), (2, 4, 8), 2)]:  # fmt: skip
+    for spatial, kernel, causal, stride, batch in [((5, 6, 9), (3, 3, 4), (False,) * 3, (1, 1, 1), 1),
+                                                   ((6, 8, 12), (3, 4, 6), (True, False, False), (3, 2, 2), 2)]:  # fmt: skip
         q, k, v = make_qkv(spatial, 2, head_dim, torch.float32, seed=31, device=device, batch=batch)
         q[:, :2] *= 60.0
         if batch > 1:
