@@ -178,6 +178,7 @@ def neighborhood_attention(
     glen0 = [-(-L // d) for L, d in zip((s0, s1, s2), dil, strict=True)]
     n_tiles = math.prod(-(-n // t) for n, t in zip(glen0, tq, strict=True))
     grid = (n_tiles, batch * heads, math.prod(dil))
+    n_programs = math.prod(grid)
 
     def strides(t: torch.Tensor) -> tuple[int, ...]:
         st = t.stride()
@@ -190,7 +191,7 @@ def neighborhood_attention(
     if shift:
         # The shift launch's bound needs each (batch, head)'s largest key norm: one pass over k.
         knorm = max_key_norm(k3)
-        flags = torch.zeros(math.prod(grid), dtype=torch.int32, device=q.device)
+        flags = torch.zeros(n_programs, dtype=torch.int32, device=q.device)
     else:
         knorm = flags = o3  # not read
     args = (q3, k3, v3, o3, knorm, flags,
@@ -200,7 +201,6 @@ def neighborhood_attention(
     mode = 0
     if tma:
         mode = 2 if HOST_DESCRIPTORS and host_descriptors_ok(dil, head_dim, q3, k3, v3, o3) else 1
-    n_programs = math.prod(grid)
     chunk = redo_chunk(n_programs)
     if mode == 2:
         kv_block = [1, *config.kv_tile, head_pad]
@@ -234,8 +234,8 @@ def neighborhood_attention(
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
     # once otherwise). Without: the online walk alone.
-    launches = ([functools.partial(launch, False, True), functools.partial(launch, True, False)]
-                if shift else [functools.partial(launch, False, False)])
+    launches = ([functools.partial(launch, redo=False, shift=True), functools.partial(launch, redo=True, shift=False)]
+                if shift else [functools.partial(launch, redo=False, shift=False)])
     if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
         pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile, st)

@@ -71,6 +71,13 @@ def _na_tile(
     offs_d = tl.arange(0, HEAD_PAD)
     d_ok = offs_d < HEAD_DIM
     tcol = h * HEAD_DIM  # the head's first column on a TMA == 2 descriptor's last axis
+    if TMA != 2:  # pointers into this program's (batch, head, dilation group)
+        b64 = b.to(tl.int64)
+        h64 = h.to(tl.int64)
+        q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
+        k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
+        v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
+        o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
     if TMA == 2:
         # The launch's descriptors (kernel parameters): nothing to build or fence before the first load.
         k_desc = K
@@ -79,11 +86,6 @@ def _na_tile(
         v_base = V
         q = tl.reshape(Q.load([b, a0, a1, a2, tcol]), [BLOCK_M, HEAD_PAD])
     elif TMA == 1:
-        b64 = b.to(tl.int64)
-        h64 = h.to(tl.int64)
-        q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
-        k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
-        v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
         # One descriptor per tensor over this program's sub-grid [N0, N1, N2, HEAD_DIM]: a box past the
         # group's end or past HEAD_DIM is zero-filled on load (those keys fail the window test, those
         # query rows and pad columns are clipped on store), so nothing is clamped or masked here.
@@ -98,11 +100,6 @@ def _na_tile(
                                            block_shape=[TK0, TK1, TK2, HEAD_PAD])
         q = tl.reshape(q_desc.load([a0, a1, a2, 0]), [BLOCK_M, HEAD_PAD])
     else:
-        b64 = b.to(tl.int64)
-        h64 = h.to(tl.int64)
-        q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
-        k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
-        v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
         k_desc = k_base  # unused: load_block reads through pointers
         v_desc = v_base
         q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
@@ -149,14 +146,12 @@ def _na_tile(
         if live:
             Out.store([b, a0, a1, a2, tcol], tl.reshape(acc.to(q.dtype), [1, TQ0, TQ1, TQ2, HEAD_PAD]))
     elif TMA == 1:
-        o_base = Out + b.to(tl.int64) * sob + h.to(tl.int64) * soh + g0 * so0 + g1 * so1 + g2 * so2
         o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM],
                                            strides=[DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
                                            block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
         if live:
             o_desc.store([a0, a1, a2, 0], tl.reshape(acc.to(Out.dtype.element_ty), [TQ0, TQ1, TQ2, HEAD_PAD]))
     else:
-        o_base = Out + b.to(tl.int64) * sob + h.to(tl.int64) * soh + g0 * so0 + g1 * so1 + g2 * so2
         o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
         if HEAD_PAD != HEAD_DIM:
             tl.store(
