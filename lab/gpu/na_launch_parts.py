@@ -10,13 +10,19 @@ order, from torch's profiler over 20 calls, beside four timings of the call:
   host            host time a call to enqueue its launches (perf_counter, no sync)
 
     python3 lab/gpu/na_launch_parts.py [--cases stage5,video,small3d] [--set HOST_DESCRIPTORS=0,REDO_CHUNK_MAX=1]
+                                       [--key-scale 8] [--online]
 
-``--set`` sets na_triton module switches (integers) for the run.
+``--set`` sets na_triton module switches (integers) for the run. ``--key-scale F`` multiplies the keys
+by F, which loosens every row's score bound (F = 8 pushes every tile of these cases past ``SHIFT_MAX``:
+the shift launch walks nothing and the online launch takes every tile); ``--online`` runs the online
+walk alone (``NAConfig.shift`` off, same tiles): the comparison for that worst case.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import statistics
 import sys
 import time
@@ -28,12 +34,23 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from na_sol import CASES, args_of  # noqa: E402
+from na_sol import CASES, args_of, reference_sample, sample_error  # noqa: E402
 
 from xbackend.kernels import na_triton as K  # noqa: E402
 
 SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "small3d": "3-D small window", "2d": "2-D image"}
 CALLS = 20
+
+
+def flagged_tiles(q: torch.Tensor, k: torch.Tensor, cfg: K.NAConfig) -> tuple[int, int]:
+    """Tiles the shift launch leaves to the online launch, by its rule: a tile whose largest row bound
+    ``|q| * max|k| * scale * log2(e)`` exceeds ``SHIFT_MAX`` (no dilation)."""
+    q, k = K._as_3d(q), K._as_3d(k)
+    dim = q.shape[-1]
+    bound = (q.float().norm(dim=-1) * k.float().norm(dim=-1).amax(dim=(1, 2, 3), keepdim=True)
+             * dim**-0.5 * math.log2(math.e))
+    tiles = torch.nn.functional.max_pool3d(bound.permute(0, 4, 1, 2, 3), cfg.q_tile, cfg.q_tile, ceil_mode=True)
+    return int((tiles > K.SHIFT_MAX).sum()), tiles.numel()
 
 
 def flushed(fn, sleep_cycles: int, reps: int = 15) -> float:
@@ -57,6 +74,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="stage5,video,small3d")
     ap.add_argument("--set", default="", help="na_triton switches, NAME=INT[,NAME=INT]")
+    ap.add_argument("--key-scale", type=float, default=1.0, help="multiply the keys by this")
+    ap.add_argument("--online", action="store_true", help="the online walk alone (NAConfig.shift off)")
     a = ap.parse_args()
     for item in filter(None, a.set.split(",")):
         name, value = item.split("=")
@@ -70,9 +89,16 @@ def main() -> None:
     for key in a.cases.split(","):
         case = by_name[SHORT[key]]
         args = args_of(case, torch.device("cuda"))
+        if a.key_scale != 1.0:
+            args = (args[0], args[1] * a.key_scale, *args[2:])
+        n = len(case.spatial)
+        cfg = K.config_for(args[0].shape, case.kernel, (1,) * n, (False,) * n)
+        if a.online:
+            cfg = dataclasses.replace(cfg, shift=False, pipelined=False)
+        flagged, tiles = flagged_tiles(args[0], args[1], cfg)
 
-        def fn(args=args):
-            return K.neighborhood_attention(*args)
+        def fn(args=args, cfg=cfg):
+            return K.neighborhood_attention(*args, config=cfg)
 
         ms = do_bench(fn, return_mode="median")
         # ~1.98 GHz: 2e6 cycles is about 1 ms, longer than any call's host time.
@@ -102,6 +128,8 @@ def main() -> None:
         per_call = len(kernels) // CALLS
         print(f"\n{case.name}: do_bench {ms * 1e3:8.1f} us  flushed {plain * 1e3:8.1f}  flushed+sleep "
               f"{slept * 1e3:8.1f}  back-to-back {b2b * 1e3:8.1f}  host {host * 1e3:7.1f} us a call")
+        print(f"  keys x {a.key_scale:g}, {'online walk alone' if a.online else 'shipped launches'}: "
+              f"{flagged} of {tiles} tiles past SHIFT_MAX, error {sample_error(case, fn(), reference_sample(case, args)):.4f}")
         print(f"  kernels in launch order (us a call, profiler; {per_call} a call):")
         for i in range(per_call):
             evs = kernels[i::per_call]

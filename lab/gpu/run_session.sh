@@ -52,6 +52,10 @@ for s in "$@"; do
     desc) for i in 1 2; do step na_sweep_launch_forms_$i 150 python3 lab/gpu/na_sweep.py --cases stage5,video --only "shipped,in-kernel descriptors,redo 1 tile,in-kernel + redo 1,stages 2"; done ;;
     partsets) i=0; for sw in "" REDO_CHUNK_MAX=1 HOST_DESCRIPTORS=0 "" ; do i=$((i+1))
                 step "na_launch_parts_$i" 120 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d --set "$sw"; done ;;
+    flagged) step na_launch_parts_typical 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video ;
+             step na_launch_parts_flagged 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video --key-scale 8 ;
+             step na_launch_parts_flagged_online 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video --key-scale 8 --online ;
+             step na_launch_parts_flagged_redo1 120 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d --key-scale 8 --set REDO_CHUNK_MAX=1 ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;
   esac
