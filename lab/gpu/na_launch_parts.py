@@ -10,12 +10,13 @@ order, from torch's profiler over 20 calls, beside four timings of the call:
   host            host time a call to enqueue its launches (perf_counter, no sync)
 
     python3 lab/gpu/na_launch_parts.py [--cases stage5,video,small3d] [--set HOST_DESCRIPTORS=0,REDO_CHUNK_MAX=1]
-                                       [--key-scale 8] [--online]
+                                       [--key-scale 8] [--online] [--maxnreg 128]
 
 ``--set`` sets na_triton module switches (integers) for the run. ``--key-scale F`` multiplies the keys
 by F, which loosens every row's score bound (F = 8 pushes every tile of these cases past ``SHIFT_MAX``:
 the shift launch walks nothing and the online launch takes every tile); ``--online`` runs the online
-walk alone (``NAConfig.shift`` off, same tiles): the comparison for that worst case.
+walk alone (``NAConfig.shift`` off, same tiles): the comparison for that worst case. ``--maxnreg N``
+sets ``NAConfig.maxnreg`` (0: no register cap).
 """
 
 from __future__ import annotations
@@ -38,8 +39,24 @@ from na_sol import CASES, args_of, reference_sample, sample_error  # noqa: E402
 
 from xbackend.kernels import na_triton as K  # noqa: E402
 
-SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "small3d": "3-D small window", "2d": "2-D image"}
+SHORT = {"video": "3-D video", "stage5": "DiffVAE stage-5 tile", "small3d": "3-D small window", "2d": "2-D image",
+         "hd64": "DiffVAE stage-4 tile, 8 x 64"}
 CALLS = 20
+
+
+def compiled() -> str:
+    """Registers and shared memory of every na_triton / na_gluon kernel compiled so far (Triton's JIT
+    caches; their layout is Triton's private business, so a failure reads "?")."""
+    found = []
+    try:
+        kernels = [K._na_fwd_kernel] + [kern.na_fwd_shift_kernel for kern in (K.na_gluon,) if kern is not None]
+        for kernel in kernels:
+            for cache in kernel.device_caches.values():
+                for k in cache[0].values():
+                    found.append(f"{kernel.fn.__name__} {k.n_regs} regs {k.metadata.shared // 1024} KiB")
+    except Exception:
+        return "?"
+    return "; ".join(found)
 
 
 def flagged_tiles(q: torch.Tensor, k: torch.Tensor, cfg: K.NAConfig) -> tuple[int, int]:
@@ -76,13 +93,15 @@ def main() -> None:
     ap.add_argument("--set", default="", help="na_triton switches, NAME=INT[,NAME=INT]")
     ap.add_argument("--key-scale", type=float, default=1.0, help="multiply the keys by this")
     ap.add_argument("--online", action="store_true", help="the online walk alone (NAConfig.shift off)")
+    ap.add_argument("--maxnreg", type=int, default=None, help="NAConfig.maxnreg for the run (0: no cap)")
     a = ap.parse_args()
     for item in filter(None, a.set.split(",")):
         name, value = item.split("=")
         if not hasattr(K, name):
             raise SystemExit(f"--set: na_triton has no switch {name!r}")
         setattr(K, name, type(getattr(K, name))(int(value)))
-    print(f"na_triton switches: HOST_DESCRIPTORS={K.HOST_DESCRIPTORS} REDO_CHUNK_MAX={K.REDO_CHUNK_MAX}")
+    print(f"na_triton switches: HOST_DESCRIPTORS={K.HOST_DESCRIPTORS} REDO_CHUNK_MAX={K.REDO_CHUNK_MAX}"
+          f" REDO_MIN_PROGRAMS={K.REDO_MIN_PROGRAMS}; maxnreg {a.maxnreg if a.maxnreg is not None else 'as shipped'}")
     from triton.testing import do_bench
 
     by_name = {c.name: c for group in CASES.values() for c in group}
@@ -95,6 +114,8 @@ def main() -> None:
         cfg = K.config_for(args[0].shape, case.kernel, (1,) * n, (False,) * n)
         if a.online:
             cfg = dataclasses.replace(cfg, shift=False, pipelined=False)
+        if a.maxnreg is not None:
+            cfg = dataclasses.replace(cfg, maxnreg=a.maxnreg or None)
         flagged, tiles = flagged_tiles(args[0], args[1], cfg)
 
         def fn(args=args, cfg=cfg):
@@ -138,6 +159,7 @@ def main() -> None:
                  for c in range(len(kernels) // per_call)]
         busy = sum(ev.time_range.elapsed_us() for ev in kernels) / (len(kernels) // per_call)
         print(f"  {busy:9.1f}  kernels total; first start to last end {statistics.median(spans):.1f} us")
+        print(f"  compiled: {compiled()}")
         del args, fn
         torch.cuda.empty_cache()
 

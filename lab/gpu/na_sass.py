@@ -3,7 +3,7 @@ with the local Triton, disassemble the cubin (Triton's nvdisasm) and count the i
 hottest loop (the longest backward-branch body) by opcode class.
 
     python3 lab/gpu/na_sass.py [--case video|stage5|2d|small3d] [--q-tile 2,4,8 --kv-tile 1,2,32]
-                               [--warps 4 --stages 3] [--no-tma] [--dump FILE]
+                               [--warps 4 --stages 3] [--no-tma] [--shift [--launch 1]] [--dump FILE]
 
 Static counts per loop trip (one KV block), not a profile: what the issue slots must carry beside the
 tensor cores' wgmma. Compare variants by these counts, then time the few that matter on the GPU.
@@ -50,7 +50,7 @@ CLASSES = [
 ]
 
 
-def sass_of(case: str, cfg: K.NAConfig) -> str:
+def sass_of(case: str, cfg: K.NAConfig, launch_index: int = 0) -> str:
     spatial, heads, dim, kernel = CASES[case]
     n = len(spatial)
 
@@ -64,8 +64,9 @@ def sass_of(case: str, cfg: K.NAConfig) -> str:
     _, launches = _capture.capture("sm90", "cuda", fn, make, torch.bfloat16)
     import triton
 
-    # The shift launch is preceded by the key-norm pass: take the first attention launch.
-    spec = next(launch.spec for launch in launches if "key_norm" not in launch.spec.kernel)
+    # The shift launch is preceded by the key-norm pass: attention launches only (0: the first, the
+    # shift launch when the config shifts; 1: its online launch for flagged tiles).
+    spec = [launch.spec for launch in launches if "key_norm" not in launch.spec.kernel][launch_index]
     kernel_obj = triton.compile(_capture.ast_source(spec), target=_capture.gpu_target("sm90"), options=dict(spec.options))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel_obj.asm["cubin"])
@@ -117,6 +118,8 @@ def main() -> None:
     ap.add_argument("--shift", action="store_true", help="NAConfig.shift (the loop this counts is the first found)")
     ap.add_argument("--pipelined", action="store_true",
                     help="NAConfig.pipelined (with --shift): na_gluon's kernel, whose loop body holds two trips")
+    ap.add_argument("--launch", type=int, default=0,
+                    help="which attention launch of the call (with --shift, 1 is the online launch for flagged tiles)")
     ap.add_argument("--dump", default=None, help="write the whole SASS here")
     a = ap.parse_args()
     spatial, heads, dim, kernel = CASES[a.case]
@@ -128,8 +131,8 @@ def main() -> None:
 
     cfg = K.NAConfig(tup(a.q_tile) if a.q_tile else cfg.q_tile, tup(a.kv_tile) if a.kv_tile else cfg.kv_tile,
                      a.warps or cfg.num_warps, a.stages or cfg.num_stages, tma=cfg.tma and not a.no_tma,
-                     shift=a.shift or a.pipelined, pipelined=a.pipelined)
-    sass = sass_of(a.case, cfg)
+                     shift=a.shift or a.pipelined, pipelined=a.pipelined, maxnreg=cfg.maxnreg if a.shift else None)
+    sass = sass_of(a.case, cfg, a.launch)
     if a.dump:
         Path(a.dump).write_text(sass)
     body = hottest_loop(sass)

@@ -56,6 +56,12 @@ for s in "$@"; do
              step na_launch_parts_flagged 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video --key-scale 8 ;
              step na_launch_parts_flagged_online 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video --key-scale 8 --online ;
              step na_launch_parts_flagged_redo1 120 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d --key-scale 8 --set REDO_CHUNK_MAX=1 ;;
+    flaggedmin) python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_na_kernels.py -k launch_forms 2>&1 | tee "$OUT/gpu_tests_launch_forms.txt" | tail -3
+             for m in 2048 4096 8192; do
+               step "na_launch_parts_typical_min$m" 120 python3 lab/gpu/na_launch_parts.py --cases stage5 --set REDO_MIN_PROGRAMS=$m
+               step "na_launch_parts_flagged_min$m" 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video --key-scale 8 --set REDO_MIN_PROGRAMS=$m; done ;;
+    regcap) for i in 1 2; do for m in 0 128; do
+              step "na_launch_parts_maxnreg${m}_$i" 120 python3 lab/gpu/na_launch_parts.py --cases stage5,hd64 --maxnreg $m; done; done ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;
   esac

@@ -25,7 +25,7 @@ fp32; bf16/fp16 operands on the tensor cores.
   2-9% less time on the H200's 3-D cases, more time on 2-D ones). A tile with a looser bound (large
   activations) walks nothing in that launch and sets its flag; a second launch runs the online walk
   for exactly the flagged tiles, the others exiting at once. On large grids a program of that launch
-  takes up to ``REDO_CHUNK_MAX`` consecutive tiles, reads their flags in one load and exits when none
+  takes up to ``REDO_CHUNK_MAX`` tiles (a grid apart), reads their flags in one load and exits when none
   is set (``redo_chunk`` keeps at least ``REDO_MIN_PROGRAMS`` programs, so a call whose every tile is
   flagged still fills the GPU).
 * Shift walk's window test (scale > 0, ``na_triton_blocks.shifted_exponent``): the tests of axis 2
@@ -230,6 +230,7 @@ def neighborhood_attention(
             # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
             # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
             enable_fp_fusion=True,
+            **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
@@ -292,7 +293,7 @@ def _launch_with_scratch(launch: Callable[[], object]) -> None:
 # use): on the H200 (Triton 3.6) the DiffVAE stage-5 tile took 2.663 / 2.576 ms against 2.730 / 2.692
 # ms with the programs' own, two passes of one process (lab/results/h200/na_sweep_launch_forms_*.txt).
 HOST_DESCRIPTORS = True
-# The REDO launch's programs take up to this many consecutive tiles each (``redo_chunk``); 1 keeps a
+# The REDO launch's programs take up to this many tiles each (``redo_chunk``); 1 keeps a
 # program per tile, whose 23040 programs at the stage-5 tile cost 29 us exiting at once (H200).
 REDO_CHUNK_MAX = 8
 # Tiles a REDO launch keeps as separate programs before it groups them: 2048 is about 4 waves of
@@ -301,7 +302,7 @@ REDO_MIN_PROGRAMS = 2048
 
 
 def redo_chunk(n_programs: int) -> int:
-    """Consecutive tiles per REDO program: the largest power of two up to ``REDO_CHUNK_MAX`` that
+    """Tiles per REDO program: the largest power of two up to ``REDO_CHUNK_MAX`` that
     leaves at least ``REDO_MIN_PROGRAMS`` programs (1 for smaller grids)."""
     chunk = 1
     while chunk < REDO_CHUNK_MAX and n_programs // (2 * chunk) >= REDO_MIN_PROGRAMS:

@@ -190,18 +190,20 @@ def _na_fwd_kernel(
     REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
     SHIFT_MAX: tl.constexpr,
     POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
-    REDO_CHUNK: tl.constexpr,  # REDO: consecutive tiles a program takes (1-D grid) where more than 1
+    REDO_CHUNK: tl.constexpr,  # REDO: tiles a program takes (1-D grid) where more than 1
     n_programs,  # the tile grid's size (REDO_CHUNK > 1)
     grid_t, grid_bh,  # its first two extents
 ):
     if REDO_CHUNK > 1:
         # A REDO program per REDO_CHUNK tiles: one load of their flags and, where none is set, an exit.
         # 23040 one-tile programs exiting at once took 29 us of a DiffVAE stage-5 tile's call (H200).
-        first = tl.program_id(0) * REDO_CHUNK
-        offs = first + tl.arange(0, REDO_CHUNK)
+        # Program p takes tiles p, p + P, p + 2P, ... (P programs): programs in flight together take
+        # neighbouring tiles, whose key boxes overlap in L2, as one-tile programs do.
+        step = tl.num_programs(0)
+        offs = tl.program_id(0) + tl.arange(0, REDO_CHUNK) * step
         if tl.max(tl.load(FLAGS + offs, mask=offs < n_programs, other=0), 0) != 0:
             for i in range(REDO_CHUNK):
-                flat_pid = first + i
+                flat_pid = tl.program_id(0) + i * step
                 if flat_pid < n_programs:
                     if tl.load(FLAGS + flat_pid) != 0:
                         pid_t = flat_pid % grid_t
