@@ -10,13 +10,12 @@ order, from torch's profiler over 20 calls, beside four timings of the call:
   host            host time a call to enqueue its launches (perf_counter, no sync)
 
     python3 lab/gpu/na_launch_parts.py [--cases stage5,video,small3d] [--set HOST_DESCRIPTORS=0,REDO_CHUNK_MAX=1]
-                                       [--key-scale 8] [--online] [--maxnreg 128]
+                                       [--key-scale 8] [--online]
 
 ``--set`` sets na_triton module switches (integers) for the run. ``--key-scale F`` multiplies the keys
 by F, which loosens every row's score bound (F = 8 pushes every tile of these cases past ``SHIFT_MAX``:
 the shift launch walks nothing and the online launch takes every tile); ``--online`` runs the online
-walk alone (``NAConfig.shift`` off, same tiles): the comparison for that worst case. ``--maxnreg N``
-sets ``NAConfig.maxnreg`` (0: no register cap).
+walk alone (``NAConfig.shift`` off, same tiles): the comparison for that worst case.
 """
 
 from __future__ import annotations
@@ -93,7 +92,6 @@ def main() -> None:
     ap.add_argument("--set", default="", help="na_triton switches, NAME=INT[,NAME=INT]")
     ap.add_argument("--key-scale", type=float, default=1.0, help="multiply the keys by this")
     ap.add_argument("--online", action="store_true", help="the online walk alone (NAConfig.shift off)")
-    ap.add_argument("--maxnreg", type=int, default=None, help="NAConfig.maxnreg for the run (0: no cap)")
     a = ap.parse_args()
     for item in filter(None, a.set.split(",")):
         name, value = item.split("=")
@@ -101,7 +99,7 @@ def main() -> None:
             raise SystemExit(f"--set: na_triton has no switch {name!r}")
         setattr(K, name, type(getattr(K, name))(int(value)))
     print(f"na_triton switches: HOST_DESCRIPTORS={K.HOST_DESCRIPTORS} REDO_CHUNK_MAX={K.REDO_CHUNK_MAX}"
-          f" REDO_MIN_PROGRAMS={K.REDO_MIN_PROGRAMS}; maxnreg {a.maxnreg if a.maxnreg is not None else 'as shipped'}")
+          f" REDO_MIN_PROGRAMS={K.REDO_MIN_PROGRAMS}")
     from triton.testing import do_bench
 
     by_name = {c.name: c for group in CASES.values() for c in group}
@@ -114,8 +112,6 @@ def main() -> None:
         cfg = K.config_for(args[0].shape, case.kernel, (1,) * n, (False,) * n)
         if a.online:
             cfg = dataclasses.replace(cfg, shift=False, pipelined=False)
-        if a.maxnreg is not None:
-            cfg = dataclasses.replace(cfg, maxnreg=a.maxnreg or None)
         flagged, tiles = flagged_tiles(args[0], args[1], cfg)
 
         def fn(args=args, cfg=cfg):

@@ -131,7 +131,7 @@ def main() -> None:
 
     cfg = K.NAConfig(tup(a.q_tile) if a.q_tile else cfg.q_tile, tup(a.kv_tile) if a.kv_tile else cfg.kv_tile,
                      a.warps or cfg.num_warps, a.stages or cfg.num_stages, tma=cfg.tma and not a.no_tma,
-                     shift=a.shift or a.pipelined, pipelined=a.pipelined, maxnreg=cfg.maxnreg if a.shift else None)
+                     shift=a.shift or a.pipelined, pipelined=a.pipelined)
     sass = sass_of(a.case, cfg, a.launch)
     if a.dump:
         Path(a.dump).write_text(sass)

@@ -60,8 +60,8 @@ for s in "$@"; do
              for m in 2048 4096 8192; do
                step "na_launch_parts_typical_min$m" 120 python3 lab/gpu/na_launch_parts.py --cases stage5 --set REDO_MIN_PROGRAMS=$m
                step "na_launch_parts_flagged_min$m" 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video --key-scale 8 --set REDO_MIN_PROGRAMS=$m; done ;;
-    regcap) for i in 1 2; do for m in 0 128; do
-              step "na_launch_parts_maxnreg${m}_$i" 120 python3 lab/gpu/na_launch_parts.py --cases stage5,hd64 --maxnreg $m; done; done ;;
+    flaggedfinal) step na_flagged_final_typical 120 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d
+                  step na_flagged_final 200 python3 lab/gpu/na_launch_parts.py --cases stage5,small3d,video --key-scale 8 ;;
     suite) step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests plugins ;;
     *) echo "unknown step $s" ;;
   esac

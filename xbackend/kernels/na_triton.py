@@ -230,7 +230,6 @@ def neighborhood_attention(
             # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
             # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
             enable_fp_fusion=True,
-            **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
         )
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at

@@ -12,7 +12,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-__all__ = ["MAXNREG_HEAD_DIMS", "TMA_MIN_HEAD_DIM", "NAConfig", "choose_config", "config_for", "leader_span", "pad3", "tma_pays",
+__all__ = ["TMA_MIN_HEAD_DIM", "NAConfig", "choose_config", "config_for", "leader_span", "pad3", "tma_pays",
            "visited_pairs"]
 
 
@@ -34,8 +34,6 @@ class NAConfig:
     # Run the shift launch as na_gluon's hand-pipelined kernel (asynchronous wgmma, K/V rings) where
     # it applies (``na_gluon.gluon_supports``); the online launch stays na_triton's.
     pipelined: bool = False
-    # ptxas register cap (``maxnreg``) for na_triton's launches; None leaves the count to ptxas.
-    maxnreg: int | None = None
 
 
 # TMA tiles against pointer gathers on the H200 (lab/gpu/na_sweep.py, Triton 3.6): 4-8% less time on 3-D
@@ -48,12 +46,6 @@ TMA_MIN_HEAD_DIM = 64
 # 4-9% less time at head_dim 128 (3-D video, small window, DiffVAE stage-4 tile); at head_dim 64 it
 # holds 2-3 CTAs an SM to na_triton's 4 and takes 5-19% more.
 PIPELINED_HEAD_DIMS = (128,)
-# The register cap at head_dim 64, where na_triton runs the shift launch: on the H200 (Triton 3.6) the
-# DiffVAE stage-5 tile's shift launch took 2244 / 2233 us against 2290 / 2288 us uncapped (125
-# registers either way; two alternating pairs of processes, lab/results/h200/na_launch_parts_regs_*.txt),
-# and Triton 3.9 compiles it to 136 registers uncapped (3 CTAs an SM) against 128 (4). At head_dim 128
-# the online kernel needs about 190 (capped at 128 it spills: 10.1 against 5.2 ms at the 3-D small window).
-MAXNREG_HEAD_DIMS = {64: 128}
 # 128-query tiles (na_gluon_ws's warp-specialized kernel) read half the K/V bytes per pair from L2, which
 # bounds the 64-query walk (88% of the L2's throughput at the 3-D video case), but compute more pairs:
 # 3% more time than 64-query tiles at the video case, 7-45% more at the small window and DiffVAE
@@ -179,14 +171,13 @@ def config_for(
     """The config ``neighborhood_attention`` launches with for q of ``shape`` ``[B, *spatial, H, D]``
     and the op's per-axis arguments (1 to 3 axes): TMA tiles and the score-bound shift where
     ``tma_pays`` (both measured faster there, both slower on 2-D windows), with them the pipelined
-    shift launch at ``PIPELINED_HEAD_DIMS`` and the register cap of ``MAXNREG_HEAD_DIMS``."""
+    shift launch at ``PIPELINED_HEAD_DIMS``."""
     spatial = pad3(tuple(shape[1:-2]), 1)
     cfg = choose_config(spatial, pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1), shape[-1],
                         stride=pad3(tuple(stride or ()), 1), is_causal=pad3(tuple(bool(c) for c in is_causal), False))
     if not tma_pays(spatial, shape[-1]):
         return cfg
-    return dataclasses.replace(cfg, tma=True, shift=True, pipelined=shape[-1] in PIPELINED_HEAD_DIMS,
-                               maxnreg=MAXNREG_HEAD_DIMS.get(shape[-1]))
+    return dataclasses.replace(cfg, tma=True, shift=True, pipelined=shape[-1] in PIPELINED_HEAD_DIMS)
 
 
 def pad3(t: tuple, fill) -> tuple:

@@ -40,6 +40,7 @@ def _na_tile(
     REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
     SHIFT_MAX: tl.constexpr,
     POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
+    run=True,  # False: walk no KV block and store nothing (a chunked REDO program's unflagged tile)
 ):
     """One Q tile's attention (the kernel's body; a chunked REDO program runs several)."""
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
@@ -49,6 +50,7 @@ def _na_tile(
     g0, g1, g2, N0, N1, N2, live, a0, a1, a2, lo0, lo1, lo2, hi0, hi1, hi2 = tile_box(
         pid_t, pid_g, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1, DIL2, CAUSAL0, CAUSAL1, CAUSAL2,
         STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2)
+    live = live & run
 
     offs_m = tl.arange(0, BLOCK_M)
     m0 = a0 + offs_m // (TQ1 * TQ2)
@@ -201,20 +203,22 @@ def _na_fwd_kernel(
         # neighbouring tiles, whose key boxes overlap in L2, as one-tile programs do.
         step = tl.num_programs(0)
         offs = tl.program_id(0) + tl.arange(0, REDO_CHUNK) * step
-        if tl.max(tl.load(FLAGS + offs, mask=offs < n_programs, other=0), 0) != 0:
-            for i in range(REDO_CHUNK):
-                flat_pid = tl.program_id(0) + i * step
-                if flat_pid < n_programs:
-                    if tl.load(FLAGS + flat_pid) != 0:
-                        pid_t = flat_pid % grid_t
-                        pid_bh = (flat_pid // grid_t) % grid_bh
-                        pid_g = flat_pid // (grid_t * grid_bh)
-                        _na_tile(
-                            pid_t, pid_bh, pid_g, flat_pid, Q, K, V, Out, KNORM, FLAGS, sqb, sqh, sq0, sq1, sq2, skb,
-                            skh, sk0, sk1, sk2, svb, svh, sv0, sv1, sv2, sob, soh, so0, so1, so2, L0, L1, L2, KS0,
-                            KS1, KS2, DIL0, DIL1, DIL2, n_heads, qk_scale, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0,
-                            STRIDE1, STRIDE2, TQ0, TQ1, TQ2, TK0, TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO,
-                            SHIFT_MAX, POS_SCALE)
+        if tl.max(tl.load(FLAGS + offs, mask=offs < n_programs, other=0), 0) == 0:
+            return
+        # Every tile of the chunk walks its blocks through the same code, an unflagged one zero of them:
+        # no branch around the tile body (inside one, Triton does not software-pipeline the KV loop).
+        for i in range(REDO_CHUNK):
+            flat_pid = tl.minimum(tl.program_id(0) + i * step, n_programs - 1)
+            flagged = (tl.program_id(0) + i * step < n_programs) & (tl.load(FLAGS + flat_pid) != 0)
+            pid_t = flat_pid % grid_t
+            pid_bh = (flat_pid // grid_t) % grid_bh
+            pid_g = flat_pid // (grid_t * grid_bh)
+            _na_tile(
+                pid_t, pid_bh, pid_g, flat_pid, Q, K, V, Out, KNORM, FLAGS, sqb, sqh, sq0, sq1, sq2, skb,
+                skh, sk0, sk1, sk2, svb, svh, sv0, sv1, sv2, sob, soh, so0, so1, so2, L0, L1, L2, KS0,
+                KS1, KS2, DIL0, DIL1, DIL2, n_heads, qk_scale, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0,
+                STRIDE1, STRIDE2, TQ0, TQ1, TQ2, TK0, TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO,
+                SHIFT_MAX, POS_SCALE, flagged)
     else:
         pid_t = tl.program_id(0)
         pid_bh = tl.program_id(1)
