@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from xbackend.kernels.na_triton_blocks import (
     axis_ok,
     box_walk,
+    group_base,
     next_block,
     shifted_exponent,
     tile_box,
@@ -190,12 +191,10 @@ def na_fwd_shift_kernel(
         STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2)
     n_blocks, end1, end2 = box_walk(lo0, lo1, lo2, hi0, hi1, hi2, live, TK0, TK1, TK2)
 
-    b64 = b.to(gl.int64)
-    h64 = h.to(gl.int64)
-    q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
-    k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
-    v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
-    o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
+    q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2)
+    k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2)
+    v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2)
+    o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2)
     # Descriptors over this program's dilation sub-grid: boxes past its end or past head_dim are
     # zero-filled on load (those keys fail the window test) and clipped on store.
     q_desc = tma.make_tensor_descriptor(q_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sq0, DIL1 * sq1, DIL2 * sq2, 1],

@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from xbackend.kernels.na_gluon import _probs, _row_layout, _tma_load, _tma_store
-from xbackend.kernels.na_triton_blocks import box_walk, next_block, tile_box, win_end, win_start
+from xbackend.kernels.na_triton_blocks import box_walk, group_base, next_block, tile_box, win_end, win_start
 
 __all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "OPTIONS", "V_LEAD", "na_fwd_ws_kernel", "ws_supports"]
 
@@ -274,12 +274,10 @@ def na_fwd_ws_kernel(
     d1 = SQ1 if AX == 1 else 0
     d2 = SQ2 if AX == 2 else 0
 
-    b64 = b.to(gl.int64)
-    h64 = h.to(gl.int64)
-    q_base = Q + b64 * sqb + h64 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2
-    k_base = K + b64 * skb + h64 * skh + g0 * sk0 + g1 * sk1 + g2 * sk2
-    v_base = V + b64 * svb + h64 * svh + g0 * sv0 + g1 * sv1 + g2 * sv2
-    o_base = Out + b64 * sob + h64 * soh + g0 * so0 + g1 * so1 + g2 * so2
+    q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2)
+    k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2)
+    v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2)
+    o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2)
     # Descriptors over this program's dilation sub-grid, as in na_gluon (zero-filled loads past the
     # end fail the window test; stores past it are clipped).
     q_desc = tma.make_tensor_descriptor(q_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sq0, DIL1 * sq1, DIL2 * sq2, 1],

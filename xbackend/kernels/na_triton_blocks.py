@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["axis_ok", "box_walk", "kv_loop", "leader", "load_block", "next_block", "scores", "shifted_exponent",
+__all__ = ["axis_ok", "box_walk", "group_base", "kv_loop", "leader", "load_block", "next_block", "scores", "shifted_exponent",
            "tile_box", "win_end", "win_start"]
 
 
@@ -79,6 +79,13 @@ def tile_box(pid_t, pid_g, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1, DIL2,
     hi1 = win_end(z1, N1, KS1, STRIDE1, CAUSAL1)
     hi2 = win_end(z2, N2, KS2, STRIDE2, CAUSAL2)
     return g0, g1, g2, N0, N1, N2, live, a0, a1, a2, lo0, lo1, lo2, hi0, hi1, hi2
+
+
+@triton.jit
+def group_base(ptr, b, h, g0, g1, g2, sb, sh, s0, s1, s2):
+    """``ptr`` moved to batch ``b``, head ``h`` and dilation group (g0, g1, g2): the origin of a
+    program's sub-grid (64-bit offsets: a tensor may pass 2**31 bytes)."""
+    return ptr + b.to(tl.int64) * sb + h.to(tl.int64) * sh + g0 * s0 + g1 * s1 + g2 * s2
 
 
 @triton.jit
