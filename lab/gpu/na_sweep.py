@@ -42,7 +42,11 @@ GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": 
 SWITCHES = {"host descriptors": {"HOST_DESCRIPTORS": True}, "in-kernel descriptors": {"HOST_DESCRIPTORS": False},
             "redo 8 tiles": {"REDO_CHUNK_MAX": 8}, "redo 1 tile": {"REDO_CHUNK_MAX": 1},
             "host desc + redo 8": {"HOST_DESCRIPTORS": True, "REDO_CHUNK_MAX": 8},
-            "in-kernel + redo 1": {"HOST_DESCRIPTORS": False, "REDO_CHUNK_MAX": 1}}
+            "in-kernel + redo 1": {"HOST_DESCRIPTORS": False, "REDO_CHUNK_MAX": 1},
+            "window mma": {"WINDOW_MMA": True},
+            "window mma first": {"WINDOW_MMA": True, "WINDOW_MMA_FIRST": True},
+            "window mma tma": {"WINDOW_MMA": True, "WINDOW_MMA_TMA": True},
+            "window mma tma first": {"WINDOW_MMA": True, "WINDOW_MMA_TMA": True, "WINDOW_MMA_FIRST": True}}
 # 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
 TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
 

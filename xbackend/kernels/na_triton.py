@@ -82,6 +82,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from xbackend.kernels import _triton_launch
 from xbackend.kernels.key_norm import max_key_norm
 from xbackend.kernels.na_triton_kernel import _na_fwd_kernel
+from xbackend.kernels.na_window_mma import MIN_FOLD, mask_layout, mask_table
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
     from xbackend.kernels import na_gluon, na_gluon_ws
@@ -210,6 +211,18 @@ def neighborhood_attention(
     else:
         targs = args
 
+    mask: dict = {}
+    layout = (mask_layout(tq, config.kv_tile, ks, st, causal)
+              if shift and WINDOW_MMA and float(scale) * _LOG2E >= MIN_FOLD else None)
+    if layout is not None:
+        table = mask_table(layout, config.kv_tile, ks, q.dtype, q.device)
+        if mode == 2 and WINDOW_MMA_TMA:
+            table = TensorDescriptor(table, list(table.shape), [table.shape[1], 1], [layout.k, table.shape[1]])
+        mask = dict(MASK=table, MASK_K=layout.k,
+                    MASK_R0=layout.types[0], MASK_R1=layout.types[1], MASK_ST0=layout.strides[0],
+                    MASK_ST1=layout.strides[1], MASK_ST2=layout.strides[2], MASK_FIRST=WINDOW_MMA_FIRST,
+                    MASK_TMA=mode == 2 and WINDOW_MMA_TMA)
+
     def launch(redo: bool, shift: bool) -> None:
         one_d = redo and chunk > 1
         _na_fwd_kernel[(triton.cdiv(n_programs, chunk),) if one_d else grid](
@@ -230,6 +243,7 @@ def neighborhood_attention(
             # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
             # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
             enable_fp_fusion=True,
+            **(mask if shift else {}),
         )
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
@@ -292,6 +306,13 @@ def _launch_with_scratch(launch: Callable[[], object]) -> None:
 # use): on the H200 (Triton 3.6) the DiffVAE stage-5 tile took 2.663 / 2.576 ms against 2.730 / 2.692
 # ms with the programs' own, two passes of one process (lab/results/h200/na_sweep_launch_forms_*.txt).
 HOST_DESCRIPTORS = True
+# The shift launch's window test as an extra tensor-core product (``na_window_mma``) where its
+# layout applies (non-causal windows, at most 32 row types), instead of compares and selects.
+WINDOW_MMA = False
+# Its table by the launch's TMA descriptor (with the K/V descriptors) rather than pointer loads, and
+# its product issued before q.k rather than after.
+WINDOW_MMA_TMA = False
+WINDOW_MMA_FIRST = False
 # The REDO launch's programs take up to this many tiles each (``redo_chunk``); 1 keeps a
 # program per tile, whose 23040 programs at the stage-5 tile cost 29 us exiting at once (H200).
 REDO_CHUNK_MAX = 8
