@@ -42,11 +42,7 @@ GLUON = {"pipelined": {}, "pipelined q 128": {}, "pipelined q regs": {"Q_REGS": 
 SWITCHES = {"host descriptors": {"HOST_DESCRIPTORS": True}, "in-kernel descriptors": {"HOST_DESCRIPTORS": False},
             "redo 8 tiles": {"REDO_CHUNK_MAX": 8}, "redo 1 tile": {"REDO_CHUNK_MAX": 1},
             "host desc + redo 8": {"HOST_DESCRIPTORS": True, "REDO_CHUNK_MAX": 8},
-            "in-kernel + redo 1": {"HOST_DESCRIPTORS": False, "REDO_CHUNK_MAX": 1},
-            "window mma": {"WINDOW_MMA": True},
-            "window mma first": {"WINDOW_MMA": True, "WINDOW_MMA_FIRST": True},
-            "window mma tma": {"WINDOW_MMA": True, "WINDOW_MMA_TMA": True},
-            "window mma tma first": {"WINDOW_MMA": True, "WINDOW_MMA_TMA": True, "WINDOW_MMA_FIRST": True}}
+            "in-kernel + redo 1": {"HOST_DESCRIPTORS": False, "REDO_CHUNK_MAX": 1}}
 # 128-query rows: na_gluon_ws's warp-specialized kernel ("ws ...") or na_gluon's 8-warp program.
 TALL = ("pipelined q 128", "ws q 128", "ws q 128 q regs", "ws q 128 q smem", "ws q 128 shallow")
 
@@ -72,6 +68,13 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
             ("q 128 / 8 warps", dataclasses.replace(tall, num_stages=2)),
             ("kv 32", dataclasses.replace(narrow, num_stages=4)), ("kv 32 stages 3", narrow),
             ("kv 32 stages 2", dataclasses.replace(narrow, num_stages=2))]
+    # The packed walk (na_packed) for the shift launch, at 64-, 128- and 32-key blocks.
+    out += [("packed", dataclasses.replace(base, packed=True)),
+            ("packed stages 2", dataclasses.replace(base, packed=True, num_stages=2)),
+            ("packed stages 4", dataclasses.replace(base, packed=True, num_stages=4)),
+            ("packed kv 128", dataclasses.replace(wide, packed=True)),
+            ("packed kv 128 stages 2", dataclasses.replace(wide, packed=True, num_stages=2)),
+            ("packed kv 32", dataclasses.replace(narrow, packed=True))]
     return out
 
 

@@ -81,8 +81,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from xbackend.kernels import _triton_launch
 from xbackend.kernels.key_norm import max_key_norm
+from xbackend.kernels.na_packed import MIN_FOLD, key_offsets, offsets_fit, packed_layout, window_table
 from xbackend.kernels.na_triton_kernel import _na_fwd_kernel
-from xbackend.kernels.na_window_mma import MIN_FOLD, mask_layout, mask_table
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
     from xbackend.kernels import na_gluon, na_gluon_ws
@@ -211,25 +211,27 @@ def neighborhood_attention(
     else:
         targs = args
 
-    mask: dict = {}
-    layout = (mask_layout(tq, config.kv_tile, ks, st, causal)
-              if shift and WINDOW_MMA and float(scale) * _LOG2E >= MIN_FOLD else None)
-    if layout is not None:
-        table = mask_table(layout, config.kv_tile, ks, q.dtype, q.device)
-        if mode == 2 and WINDOW_MMA_TMA:
-            table = TensorDescriptor(table, list(table.shape), [table.shape[1], 1], [layout.k, table.shape[1]])
-        mask = dict(MASK=table, MASK_K=layout.k,
-                    MASK_R0=layout.types[0], MASK_R1=layout.types[1], MASK_ST0=layout.strides[0],
-                    MASK_ST1=layout.strides[1], MASK_ST2=layout.strides[2], MASK_FIRST=WINDOW_MMA_FIRST,
-                    MASK_TMA=mode == 2 and WINDOW_MMA_TMA)
+    # The packed walk for the shift launch (NAConfig.packed): its layout and tables, pointer loads.
+    packed: dict = {}
+    layout = (packed_layout((s0, s1, s2), tq, math.prod(config.kv_tile), ks, dil, st, causal)
+              if shift and config.packed and float(scale) * _LOG2E >= MIN_FOLD else None)
+    kst = tuple(d * x for d, x in zip(dil, strides(k3)[2:], strict=True))
+    vst = tuple(d * x for d, x in zip(dil, strides(v3)[2:], strict=True))
+    if layout is not None and offsets_fit(layout, kst) and offsets_fit(layout, vst):
+        koff = key_offsets(layout, kst, q.device)
+        packed = dict(TABLE=window_table(layout, ks, q.dtype, q.device), KOFF=koff,
+                      VOFF=koff if vst == kst else key_offsets(layout, vst, q.device),
+                      PU0=layout.box[0], PU1=layout.box[1], PU2=layout.box[2], MASK_K=layout.k,
+                      MASK_R0=layout.types[0], MASK_R1=layout.types[1])
 
     def launch(redo: bool, shift: bool) -> None:
         one_d = redo and chunk > 1
+        walk = packed if shift else {}
         _na_fwd_kernel[(triton.cdiv(n_programs, chunk),) if one_d else grid](
-            *targs,
+            *(args if walk else targs),
             HEAD_DIM=head_dim,
             HEAD_PAD=head_pad,
-            TMA=mode,
+            TMA=0 if walk else mode,
             SHIFT=shift,
             REDO=redo,
             SHIFT_MAX=SHIFT_MAX,
@@ -243,14 +245,14 @@ def neighborhood_attention(
             # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
             # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
             enable_fp_fusion=True,
-            **(mask if shift else {}),
+            **walk,
         )
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
     # once otherwise). Without: the online walk alone.
     launches = ([functools.partial(launch, redo=False, shift=True), functools.partial(launch, redo=True, shift=False)]
                 if shift else [functools.partial(launch, redo=False, shift=False)])
-    if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
+    if shift and tma and config.pipelined and not packed and na_gluon is not None and _hopper(q):
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
         pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile, st)
         if pipelined is not None:
@@ -306,13 +308,6 @@ def _launch_with_scratch(launch: Callable[[], object]) -> None:
 # use): on the H200 (Triton 3.6) the DiffVAE stage-5 tile took 2.663 / 2.576 ms against 2.730 / 2.692
 # ms with the programs' own, two passes of one process (lab/results/h200/na_sweep_launch_forms_*.txt).
 HOST_DESCRIPTORS = True
-# The shift launch's window test as an extra tensor-core product (``na_window_mma``) where its
-# layout applies (non-causal windows, at most 32 row types), instead of compares and selects.
-WINDOW_MMA = False
-# Its table by the launch's TMA descriptor (with the K/V descriptors) rather than pointer loads, and
-# its product issued before q.k rather than after.
-WINDOW_MMA_TMA = False
-WINDOW_MMA_FIRST = False
 # The REDO launch's programs take up to this many tiles each (``redo_chunk``); 1 keeps a
 # program per tile, whose 23040 programs at the stage-5 tile cost 29 us exiting at once (H200).
 REDO_CHUNK_MAX = 8

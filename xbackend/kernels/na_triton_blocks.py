@@ -9,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["axis_ok", "box_walk", "group_base", "kv_loop", "leader", "load_block", "next_block", "scores", "shifted_exponent",
-           "tile_box", "win_end", "win_start", "window_onehot"]
+__all__ = ["axis_ok", "box_walk", "group_base", "kv_loop", "leader", "load_block", "next_block", "packed_loop", "scores",
+           "shifted_exponent", "tile_box", "win_end", "win_start", "window_onehot"]
 
 
 @triton.jit
@@ -204,9 +204,9 @@ def shifted_exponent(qk, fold, neg_m, c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0
 
 @triton.jit
 def window_onehot(qs0, qs1, qs2, lo0, lo1, lo2, R0: tl.constexpr, R1: tl.constexpr, MASK_K: tl.constexpr):
-    """The query side of the tensor-core window test (``na_window_mma``): per row, true at column
+    """The query side of the packed walk's window product (``na_packed``): per row, true at column
     ``s_0``, ``R0 + s_1`` and ``R0 + R1 + s_2``, where ``s_a = win_start - lo`` is where the row's
-    window starts in the tile's key box; [BLOCK_M, MASK_K]."""
+    window starts in the tile's key box (origin ``lo``); [BLOCK_M, MASK_K]."""
     cols = tl.arange(0, MASK_K)[None, :]
     hot = ((cols == (qs0 - lo0)[:, None]) | (cols == (R0 + qs1 - lo1)[:, None])
            | (cols == (R0 + R1 + qs2 - lo2)[:, None]))
@@ -220,15 +220,11 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
             TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
             CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
             HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-            POS_SCALE: tl.constexpr, FIXED: tl.constexpr, tb=0, tcol=0,
-            onehot=None, MASK=None, offs_f=None, MASK_K: tl.constexpr = 0,
-            MASK_ST0: tl.constexpr = 0, MASK_ST1: tl.constexpr = 0, MASK_ST2: tl.constexpr = 0,
-            MASK_FIRST: tl.constexpr = False, MASK_TMA: tl.constexpr = False):
+            POS_SCALE: tl.constexpr, FIXED: tl.constexpr, tb=0, tcol=0):
     """The walk over the tile's KV blocks. Online softmax (running row max, accumulator rescaled when
     it grows), or with ``FIXED`` a per-row shift ``m_i`` known to bound every score of the row: no row
     max, no rescale (the kernel's ``SHIFT`` launch). Scores and ``m_i`` are in log2 units (the scale
-    includes log2(e)). With ``FIXED``, ``POS_SCALE`` and ``MASK_K`` the window test runs on the
-    tensor cores: ``onehot . MASK[block's entry]`` accumulated onto q.k (``na_window_mma``)."""
+    includes log2(e))."""
     if POS_SCALE:
         fold = qk_scale  # scores arrive unscaled: the scale rides in the exponent's FMA
     else:
@@ -238,23 +234,7 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
     c2 = lo2
     for _ in range(0, n_blocks):
         if FIXED:
-            if POS_SCALE and MASK_K > 0:
-                kb = load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
-                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tb, tcol)
-                vb = load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
-                                HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tb, tcol)
-                entry = (c0 - lo0) * MASK_ST0 + (c1 - lo1) * MASK_ST1 + (c2 - lo2) * MASK_ST2
-                if MASK_TMA:
-                    fb = MASK.load([entry // BLOCK_N, 0])  # the launch's descriptor over the table
-                else:
-                    fb = tl.load(MASK + entry + offs_f)
-                # +0 inside every window (q.k unchanged), <= PENALTY outside: exp2 gives 0 there.
-                if MASK_FIRST:
-                    s = tl.dot(q, tl.trans(kb), tl.dot(onehot, fb))
-                else:
-                    s = tl.dot(onehot, fb, tl.dot(q, tl.trans(kb)))
-                p = tl.math.exp2(s * fold - m_i[:, None])
-            elif POS_SCALE:
+            if POS_SCALE:
                 kb = load_block(k_desc, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
                                 HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, tb, tcol)
                 vb = load_block(v_desc, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
@@ -282,4 +262,29 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
             acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
             m_i = m_new
         c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    return acc, l_i
+
+
+@triton.jit
+def packed_loop(q, acc, l_i, m_i, n_blocks, fold, k_org, v_org, KOFF, VOFF, offs_n, offs_d, onehot, TABLE, offs_f,
+                HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK_K: tl.constexpr):
+    """The packed walk (``na_packed``) of a shift launch: block ``j`` is the box's keys ``j * BLOCK_N``
+    onwards, loaded at their rows ``KOFF``/``VOFF`` from the box origin (``k_org``, ``v_org``); the
+    window product ``onehot . TABLE[j]`` (+0 in the row's window, at most PENALTY outside) is the
+    accumulator q.k adds onto, and ``m_i`` is the row's fixed shift (log2 units, scale ``fold``)."""
+    d_ok = offs_d < HEAD_DIM
+    for j in range(0, n_blocks):
+        kr = tl.load(KOFF + j * BLOCK_N + offs_n)
+        vr = tl.load(VOFF + j * BLOCK_N + offs_n)
+        if HEAD_PAD != HEAD_DIM:
+            kb = tl.load(k_org + kr[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+            vb = tl.load(v_org + vr[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        else:
+            kb = tl.load(k_org + kr[:, None] + offs_d[None, :])
+            vb = tl.load(v_org + vr[:, None] + offs_d[None, :])
+        fb = tl.load(TABLE + j * (MASK_K * BLOCK_N) + offs_f)
+        s = tl.dot(q, tl.trans(kb), tl.dot(onehot, fb))
+        p = tl.math.exp2(s * fold - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        acc = acc + tl.dot(p.to(vb.dtype), vb)
     return acc, l_i
