@@ -1,6 +1,6 @@
 """The packed key walk of na_triton's shift launch (``na_packed``): the layout rules, the box
-origin against every query's window, the window table against the window rule key by key, the key
-offsets, the computed-pair count, and the launch against the reference and the box walk
+origin against every query's window, the window table against the window rule key by key, the int32
+guard, the computed-pair count, and the launch against the reference and the box walk
 (interpreter in fp32; GPU in bf16)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_na_kernels import _patch_triton_interpreter_index, _run_with_interpreter, make_qkv, reference, rel_err
 
-from xbackend.kernels.na_packed import PENALTY, key_offsets, packed_layout, window_table
+from xbackend.kernels.na_packed import PENALTY, offsets_fit, packed_layout, window_table
 from xbackend.kernels.na_triton_config import NAConfig, _window, pad3, visited_pairs
 
 # (spatial, kernel, dilation, stride, (q_tile, kv_tile) or None for the launch's choice): border tiles
@@ -101,12 +101,10 @@ def test_window_table_is_the_window_rule(case):
     assert bool((pen[~inside] <= PENALTY).all())
 
 
-def test_key_offsets_and_computed_pairs():
+def test_offsets_fit_and_computed_pairs():
     lay = packed_layout(*STAGE5)
-    off = key_offsets(lay, (10_000, 100, 7), torch.device("cpu"))
-    assert off.dtype == torch.int32 and off.numel() == 43 * 64
-    assert off[:3].tolist() == [0, 7, 14] and int(off[14]) == 100 and int(off[196]) == 10_000
-    assert torch.equal(off[2744:], off[2743].expand(8))  # past the box: the last key again
+    assert offsets_fit(lay, (96 * 96 * 256, 96 * 256, 256))
+    assert not offsets_fit(lay, (2**28, 1, 1))  # 13 * 2**28 is past int32: the box walk runs
     cfg = NAConfig((4, 4, 4), (2, 2, 16), 4, 3, tma=True, shift=True)
     packed = dataclasses.replace(cfg, packed=True)
     tiles = 10 * 24 * 24

@@ -4,10 +4,10 @@ A 64-query tile of a 3-D window sees the union of its rows' windows, a box of ``
 leader_span_a`` keys per axis (14 x 14 x 14 for a 4 x 4 x 4 tile and an 11^3 window). The box walk
 covers it with ``TK0 x TK1 x TK2`` KV blocks, rounding every axis up to whole blocks (14 x 14 x 16 =
 3136 keys in 49 blocks of 64). The packed walk instead numbers the box's keys ``p = (c0 * U1 + c1)
-* U2 + c2`` and takes them ``BLOCK_N`` at a time (2744 keys in 43 blocks), loading each key by its
-row offset (``key_offsets``: a block of keys is no box, so pointer loads, not TMA).
+* U2 + c2`` and takes them ``BLOCK_N`` at a time (2744 keys in 43 blocks), loading each key at its
+row (a block of keys is no box: pointer loads, not TMA).
 
-Each row's window is then tested on the tensor cores (the kernel's ``window_onehot``): within one
+Each row's window is then tested on the tensor cores (``onehot_table``): within one
 tile a row's window along an axis is fixed by where it starts in the box, ``s_a = win_start(row) -
 origin_a`` with ``0 <= s_a < R_a = U_a - KS_a + 1``, so one ``[BLOCK_M, K] x [K, BLOCK_N]`` product of
 a per-row one-hot of ``(s_0, s_1, s_2)`` and a per-block table entry (``window_table``) adds ``+0``
@@ -29,7 +29,7 @@ import torch
 
 from xbackend.kernels.na_triton_config import leader_span
 
-__all__ = ["MIN_FOLD", "PENALTY", "TABLE_MAX_ELEMENTS", "PackedLayout", "key_offsets", "offsets_fit", "packed_layout",
+__all__ = ["MIN_FOLD", "PENALTY", "TABLE_MAX_ELEMENTS", "PackedLayout", "offsets_fit", "onehot_table", "packed_layout",
            "window_table"]
 
 # bf16 holds 2**126 exactly; three axes' penalties sum to -1.5 * 2**127, inside fp32's range.
@@ -109,15 +109,18 @@ def window_table(layout: PackedLayout, kernel_size: tuple[int, int, int], dtype:
     return table.reshape(-1, layout.block_n).to(dtype=dtype, device=device).contiguous()
 
 
-@functools.lru_cache(maxsize=64)
-def key_offsets(layout: PackedLayout, strides: tuple[int, int, int], device: torch.device) -> torch.Tensor:
-    """The walk's key rows, ``[blocks * BLOCK_N]`` int32 element offsets from the box origin under
-    the group's per-axis strides (positions past the box repeat the last key: a real row, which the
-    window table rejects)."""
-    c0, c1, c2, _ = _box_coords(layout)
-    return (c0 * strides[0] + c1 * strides[1] + c2 * strides[2]).to(dtype=torch.int32, device=device)
-
-
 def offsets_fit(layout: PackedLayout, strides: tuple[int, int, int]) -> bool:
-    """Whether the box's farthest key is within int32 of its origin (``key_offsets``' type)."""
+    """Whether the box's farthest key is within int32 of its origin under the group's per-axis strides
+    (the kernel's row offsets are 32-bit)."""
     return sum((u - 1) * abs(s) for u, s in zip(layout.box, strides, strict=True)) < 2**31
+
+
+@functools.lru_cache(maxsize=64)
+def onehot_table(layout: PackedLayout, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The query side of the window product by row type, ``[R0 * R1 * R2, k]``: row ``(s0 * R1 + s1)
+    * R2 + s2`` is 1 at columns ``s0``, ``R0 + s1`` and ``R0 + R1 + s2``, else 0."""
+    r0, r1, r2 = layout.types
+    s = torch.cartesian_prod(torch.arange(r0), torch.arange(r1), torch.arange(r2)).reshape(-1, 3)
+    table = torch.zeros(len(s), layout.k, dtype=torch.float32)
+    table.scatter_(1, s + torch.tensor([0, r0, r0 + r1]), 1.0)
+    return table.to(dtype=dtype, device=device)

@@ -81,7 +81,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from xbackend.kernels import _triton_launch
 from xbackend.kernels.key_norm import max_key_norm
-from xbackend.kernels.na_packed import MIN_FOLD, key_offsets, offsets_fit, packed_layout, window_table
+from xbackend.kernels.na_packed import MIN_FOLD, offsets_fit, onehot_table, packed_layout, window_table
 from xbackend.kernels.na_triton_kernel import _na_fwd_kernel
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
@@ -218,11 +218,9 @@ def neighborhood_attention(
     kst = tuple(d * x for d, x in zip(dil, strides(k3)[2:], strict=True))
     vst = tuple(d * x for d, x in zip(dil, strides(v3)[2:], strict=True))
     if layout is not None and offsets_fit(layout, kst) and offsets_fit(layout, vst):
-        koff = key_offsets(layout, kst, q.device)
-        packed = dict(TABLE=window_table(layout, ks, q.dtype, q.device), KOFF=koff,
-                      VOFF=koff if vst == kst else key_offsets(layout, vst, q.device),
+        packed = dict(TABLE=window_table(layout, ks, q.dtype, q.device), ONEHOT=onehot_table(layout, q.dtype, q.device),
                       PU0=layout.box[0], PU1=layout.box[1], PU2=layout.box[2], MASK_K=layout.k,
-                      MASK_R0=layout.types[0], MASK_R1=layout.types[1])
+                      MASK_R1=layout.types[1], MASK_R2=layout.types[2])
 
     def launch(redo: bool, shift: bool) -> None:
         one_d = redo and chunk > 1
