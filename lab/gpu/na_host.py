@@ -1,5 +1,7 @@
 """Host time of one neighborhood-attention call and where it goes: the DiffVAE stage-5 tile through
-``xbackend.get_op`` and through ``na_triton.neighborhood_attention`` directly.
+``xbackend.get_op`` and through ``na_triton.neighborhood_attention`` directly. (``get_op`` resolves to
+the builtin CUDA backend only where xbackend is installed, so its entry points are registered: on a
+bare checkout it runs the reference.)
 
     python3 lab/gpu/na_host.py [--calls 20] [--top 30]
 

@@ -3,7 +3,7 @@ with the local Triton, disassemble the cubin (Triton's nvdisasm) and count the i
 hottest loop (the longest backward-branch body) by opcode class.
 
     python3 lab/gpu/na_sass.py [--case video|stage5|2d|small3d] [--q-tile 2,4,8 --kv-tile 1,2,32]
-                               [--warps 4 --stages 3] [--no-tma] [--shift [--launch 1] [--packed]] [--dump FILE]
+                               [--warps 4 --stages 3] [--no-tma] [--shift [--launch 1]] [--dump FILE]
 
 Static counts per loop trip (one KV block), not a profile: what the issue slots must carry beside the
 tensor cores' wgmma. Compare variants by these counts, then time the few that matter on the GPU.
@@ -118,7 +118,6 @@ def main() -> None:
     ap.add_argument("--shift", action="store_true", help="NAConfig.shift (the loop this counts is the first found)")
     ap.add_argument("--pipelined", action="store_true",
                     help="NAConfig.pipelined (with --shift): na_gluon's kernel, whose loop body holds two trips")
-    ap.add_argument("--packed", action="store_true", help="NAConfig.packed (with --shift): the packed key walk")
     ap.add_argument("--launch", type=int, default=0,
                     help="which attention launch of the call (with --shift, 1 is the online launch for flagged tiles)")
     ap.add_argument("--dump", default=None, help="write the whole SASS here")
@@ -132,14 +131,13 @@ def main() -> None:
 
     cfg = K.NAConfig(tup(a.q_tile) if a.q_tile else cfg.q_tile, tup(a.kv_tile) if a.kv_tile else cfg.kv_tile,
                      a.warps or cfg.num_warps, a.stages or cfg.num_stages, tma=cfg.tma and not a.no_tma,
-                     shift=a.shift or a.pipelined, pipelined=a.pipelined, packed=a.packed)
+                     shift=a.shift or a.pipelined, pipelined=a.pipelined)
     sass = sass_of(a.case, cfg, a.launch)
     if a.dump:
         Path(a.dump).write_text(sass)
     body = hottest_loop(sass)
     classes, ops = classify(body)
-    print(f"{a.case}: q{cfg.q_tile} kv{cfg.kv_tile} warps {cfg.num_warps} stages {cfg.num_stages} tma {cfg.tma} shift {cfg.shift}"
-          f" packed {cfg.packed}")
+    print(f"{a.case}: q{cfg.q_tile} kv{cfg.kv_tile} warps {cfg.num_warps} stages {cfg.num_stages} tma {cfg.tma} shift {cfg.shift}")
     print(f"hottest loop: {len(body)} instructions per trip")
     print("  " + "  ".join(f"{k} {v}" for k, v in classes.most_common()))
     print("  " + "  ".join(f"{k} {v}" for k, v in ops.most_common(24)))

@@ -68,13 +68,6 @@ def variants(case, base: K.NAConfig) -> list[tuple[str, K.NAConfig]]:
             ("q 128 / 8 warps", dataclasses.replace(tall, num_stages=2)),
             ("kv 32", dataclasses.replace(narrow, num_stages=4)), ("kv 32 stages 3", narrow),
             ("kv 32 stages 2", dataclasses.replace(narrow, num_stages=2))]
-    # The packed walk (na_packed) for the shift launch, at 64-, 128- and 32-key blocks.
-    out += [("packed", dataclasses.replace(base, packed=True)),
-            ("packed stages 2", dataclasses.replace(base, packed=True, num_stages=2)),
-            ("packed stages 4", dataclasses.replace(base, packed=True, num_stages=4)),
-            ("packed kv 128", dataclasses.replace(wide, packed=True)),
-            ("packed kv 128 stages 2", dataclasses.replace(wide, packed=True, num_stages=2)),
-            ("packed kv 32", dataclasses.replace(narrow, packed=True))]
     return out
 
 

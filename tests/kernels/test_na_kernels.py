@@ -365,21 +365,16 @@ def _compiled(name: str, *args: object) -> list:
     return _run_with_interpreter(False, name, *args)
 
 
-def _run_with_interpreter(interpret: bool, name: str, *args: object, path: str = __file__) -> list:
-    """``name(*args)`` of the test module at ``path`` (this one by default), in this process when its
-    interpreter setting is ``interpret``, else in a fresh one."""
+def _run_with_interpreter(interpret: bool, name: str, *args: object) -> list:
     import json
     import subprocess
     import sys
 
     if (os.environ.get("TRITON_INTERPRET") == "1") == interpret:
-        if path == __file__:
-            return globals()[name](*args)
-        module = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == path)
-        return getattr(module, name)(*args)
+        return globals()[name](*args)
     code = (
         "import importlib.util, json, sys;"
-        f"spec = importlib.util.spec_from_file_location('t', {path!r});"
+        f"spec = importlib.util.spec_from_file_location('t', {__file__!r});"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
         f"print(json.dumps(m.{name}(*{args!r})))"
     )

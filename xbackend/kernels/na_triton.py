@@ -81,7 +81,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from xbackend.kernels import _triton_launch
 from xbackend.kernels.key_norm import max_key_norm
-from xbackend.kernels.na_packed import MIN_FOLD, offsets_fit, onehot_table, packed_layout, window_table
 from xbackend.kernels.na_triton_kernel import _na_fwd_kernel
 
 try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
@@ -211,25 +210,13 @@ def neighborhood_attention(
     else:
         targs = args
 
-    # The packed walk for the shift launch (NAConfig.packed): its layout and tables, pointer loads.
-    packed: dict = {}
-    layout = (packed_layout((s0, s1, s2), tq, math.prod(config.kv_tile), ks, dil, st, causal)
-              if shift and config.packed and float(scale) * _LOG2E >= MIN_FOLD else None)
-    kst = tuple(d * x for d, x in zip(dil, strides(k3)[2:], strict=True))
-    vst = tuple(d * x for d, x in zip(dil, strides(v3)[2:], strict=True))
-    if layout is not None and offsets_fit(layout, kst) and offsets_fit(layout, vst):
-        packed = dict(TABLE=window_table(layout, ks, q.dtype, q.device), ONEHOT=onehot_table(layout, q.dtype, q.device),
-                      PU0=layout.box[0], PU1=layout.box[1], PU2=layout.box[2], MASK_K=layout.k,
-                      MASK_R1=layout.types[1], MASK_R2=layout.types[2])
-
     def launch(redo: bool, shift: bool) -> None:
         one_d = redo and chunk > 1
-        walk = packed if shift else {}
         _na_fwd_kernel[(triton.cdiv(n_programs, chunk),) if one_d else grid](
-            *(args if walk else targs),
+            *targs,
             HEAD_DIM=head_dim,
             HEAD_PAD=head_pad,
-            TMA=0 if walk else mode,
+            TMA=mode,
             SHIFT=shift,
             REDO=redo,
             SHIFT_MAX=SHIFT_MAX,
@@ -243,14 +230,13 @@ def neighborhood_attention(
             # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
             # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
             enable_fp_fusion=True,
-            **walk,
         )
 
     # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
     # once otherwise). Without: the online walk alone.
     launches = ([functools.partial(launch, redo=False, shift=True), functools.partial(launch, redo=True, shift=False)]
                 if shift else [functools.partial(launch, redo=False, shift=False)])
-    if shift and tma and config.pipelined and not packed and na_gluon is not None and _hopper(q):
+    if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
         pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile, st)
         if pipelined is not None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["axis_ok", "box_walk", "group_base", "kv_loop", "leader", "load_block", "next_block", "packed_loop", "scores",
-           "shifted_exponent", "tile_box", "win_end", "win_start"]
+__all__ = ["axis_ok", "box_walk", "group_base", "kv_loop", "leader", "load_block", "next_block", "scores", "shifted_exponent",
+           "tile_box", "win_end", "win_start"]
 
 
 @triton.jit
@@ -251,38 +251,4 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
             acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
             m_i = m_new
         c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
-    return acc, l_i
-
-
-@triton.jit
-def packed_loop(q, acc, l_i, m_i, n_blocks, fold, k_org, v_org, ks0, ks1, ks2, vs0, vs1, vs2, offs_n, offs_d,
-                onehot, TABLE, offs_f, PU0: tl.constexpr, PU1: tl.constexpr, PU2: tl.constexpr,
-                HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK_K: tl.constexpr):
-    """The packed walk (``na_packed``) of a shift launch: block ``j`` is the box's keys ``j * BLOCK_N``
-    onwards in box order (axis 2 fastest; positions past the box load its last key), loaded from the
-    box origin (``k_org``, ``v_org``); the window product ``onehot . TABLE[j]`` (+0 in the row's window,
-    at most PENALTY outside) is the accumulator q.k adds onto, and ``m_i`` is the row's fixed shift
-    (log2 units, scale ``fold``). Box coordinates come from the position by constant divides, so the
-    loads' addresses follow from the trip count alone and Triton's pipeliner runs them ahead (rows
-    read from a table of offsets are loads behind a load, which it did not pipeline: 6.5 against
-    2.6 ms at the DiffVAE stage-5 tile on the H200, Triton 3.6)."""
-    d_ok = offs_d < HEAD_DIM
-    for j in range(0, n_blocks):
-        pos = tl.minimum(j * BLOCK_N + offs_n, PU0 * PU1 * PU2 - 1)
-        c2 = pos % PU2
-        c1 = (pos // PU2) % PU1
-        c0 = pos // (PU1 * PU2)
-        kr = c0 * ks0 + c1 * ks1 + c2 * ks2
-        vr = c0 * vs0 + c1 * vs1 + c2 * vs2
-        if HEAD_PAD != HEAD_DIM:
-            kb = tl.load(k_org + kr[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-            vb = tl.load(v_org + vr[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-        else:
-            kb = tl.load(k_org + kr[:, None] + offs_d[None, :])
-            vb = tl.load(v_org + vr[:, None] + offs_d[None, :])
-        fb = tl.load(TABLE + j * (MASK_K * BLOCK_N) + offs_f)
-        s = tl.dot(q, tl.trans(kb), tl.dot(onehot, fb))
-        p = tl.math.exp2(s * fold - m_i[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        acc = acc + tl.dot(p.to(vb.dtype), vb)
     return acc, l_i

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -35,11 +34,6 @@ class NAConfig:
     # Run the shift launch as na_gluon's hand-pipelined kernel (asynchronous wgmma, K/V rings) where
     # it applies (``na_gluon.gluon_supports``); the online launch stays na_triton's.
     pipelined: bool = False
-    # Walk the shift launch's key box packed (``na_packed``): its keys BLOCK_N at a time in box order,
-    # by pointer loads, the window tested on the tensor cores, rather than in TK0 x TK1 x TK2 blocks
-    # rounded up per axis. Where its layout does not apply the box walk runs. Takes precedence over
-    # ``pipelined`` for the shift launch.
-    packed: bool = False
 
 
 # TMA tiles against pointer gathers on the H200 (lab/gpu/na_sweep.py, Triton 3.6): 4-8% less time on 3-D
@@ -106,22 +100,7 @@ def visited_pairs(
     """Query-key pairs the kernel computes (q.k and p.v) for one batch and head under ``config``:
     every program's padded Q tile times its KV blocks, the key box rounded up to whole blocks. The
     useful pairs are the window sizes summed over queries; the ratio is the fraction of tensor-core
-    work that is wasted on padding and on keys outside a query's window. A ``packed`` config whose
-    layout applies computes every tile's whole box, rounded up to whole blocks once (the shift
-    launch's walk, at a positive scale)."""
-    if config.packed:
-        from xbackend.kernels.na_packed import packed_layout  # imports this module
-
-        sp, ks, dil = pad3(tuple(spatial), 1), pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1)
-        layout = packed_layout(sp, config.q_tile, math.prod(config.kv_tile), ks, dil,
-                               pad3(tuple(stride), 1), pad3(tuple(is_causal), False))
-        if layout is not None:
-            def tiles_of(n: int, d: int, g: int, t: int) -> int:  # Q tiles of dilation group g, one axis
-                return -(-math.ceil((n - g) / d) // t)
-
-            tiles = sum(math.prod(tiles_of(*axis) for axis in zip(sp, dil, gs, config.q_tile, strict=True))
-                        for gs in itertools.product(*(range(d) for d in dil)))
-            return tiles * math.prod(config.q_tile) * layout.blocks * layout.block_n
+    work that is wasted on padding and on keys outside a query's window."""
     axes = zip(pad3(tuple(spatial), 1), pad3(tuple(kernel_size), 1), pad3(tuple(dilation), 1),
                pad3(tuple(is_causal), False), pad3(tuple(stride), 1), config.q_tile, config.kv_tile, strict=True)
     return math.prod(_axis_pairs(*axis) for axis in axes)

@@ -9,15 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xbackend.kernels.na_triton_blocks import (
-    box_walk,
-    group_base,
-    kv_loop,
-    packed_loop,
-    tile_box,
-    win_end,
-    win_start,
-)
+from xbackend.kernels.na_triton_blocks import box_walk, group_base, kv_loop, tile_box, win_end, win_start
 
 
 @triton.jit
@@ -49,12 +41,6 @@ def _na_tile(
     SHIFT_MAX: tl.constexpr,
     POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
     run=True,  # False: walk no KV block and store nothing (a chunked REDO program's unflagged tile)
-    # The packed walk (na_packed) of a SHIFT launch with pointer loads (TMA == 0) where PU2 > 0:
-    TABLE=None,  # its window table, [blocks * MASK_K, BLOCK_N] (na_packed.window_table)
-    ONEHOT=None,  # its one-hot rows by row type, [R0 * R1 * R2, MASK_K] (na_packed.onehot_table)
-    PU0: tl.constexpr = 0, PU1: tl.constexpr = 0, PU2: tl.constexpr = 0,  # the box, keys per axis
-    MASK_K: tl.constexpr = 0,  # the one-hot's width
-    MASK_R1: tl.constexpr = 0, MASK_R2: tl.constexpr = 0,  # row types of axes 1 and 2
 ):
     """One Q tile's attention (the kernel's body; a chunked REDO program runs several)."""
     BLOCK_M: tl.constexpr = TQ0 * TQ1 * TQ2
@@ -150,28 +136,10 @@ def _na_tile(
         n_blocks = tl.where(fixed, n_blocks, 0)
     else:
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # the online walk's running max
-    if SHIFT and PU2 > 0:
-        tl.static_assert(TMA == 0 and POS_SCALE, "the packed walk loads by pointers and folds a positive scale")
-        # The box from its origin: the tile's first window start, pulled back so the box ends in the group.
-        o0 = tl.minimum(lo0, N0 - PU0)
-        o1 = tl.minimum(lo1, N1 - PU1)
-        o2 = tl.minimum(lo2, N2 - PU2)
-        NB: tl.constexpr = (PU0 * PU1 * PU2 + BLOCK_N - 1) // BLOCK_N
-        # The one-hot rows come from a table (na_packed.onehot_table) by a load, which Triton gives the
-        # window product from shared memory: built in registers instead, it made ptxas serialize every
-        # wgmma of the loop (C7515, sm90).
-        combo = ((qs0 - o0) * MASK_R1 + (qs1 - o1)) * MASK_R2 + (qs2 - o2)
-        onehot = tl.load(ONEHOT + combo[:, None] * MASK_K + tl.arange(0, MASK_K)[None, :])
-        offs_f = tl.arange(0, MASK_K)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        acc, l_i = packed_loop(q, acc, l_i, m_i, tl.where(live, NB, 0), qk_scale,
-                               k_base + o0 * ks0 + o1 * ks1 + o2 * ks2, v_base + o0 * vs0 + o1 * vs1 + o2 * vs2,
-                               ks0, ks1, ks2, vs0, vs1, vs2, offs_n, offs_d, onehot, TABLE, offs_f, PU0, PU1, PU2,
-                               HEAD_DIM, HEAD_PAD, BLOCK_N, MASK_K)
-    else:
-        acc, l_i = kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
-                           k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
-                           offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
-                           CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT, b, tcol)
+    acc, l_i = kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
+                       k_desc, v_desc, k_base, v_base, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, vs0, vs1, vs2,
+                       offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
+                       CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT, b, tcol)
 
     acc = acc / l_i[:, None]
     if TMA == 2:
@@ -225,9 +193,6 @@ def _na_fwd_kernel(
     REDO_CHUNK: tl.constexpr,  # REDO: tiles a program takes (1-D grid) where more than 1
     n_programs,  # the tile grid's size (REDO_CHUNK > 1)
     grid_t, grid_bh,  # its first two extents
-    TABLE=None, ONEHOT=None,  # the packed walk: _na_tile's parameters of these names
-    PU0: tl.constexpr = 0, PU1: tl.constexpr = 0, PU2: tl.constexpr = 0,
-    MASK_K: tl.constexpr = 0, MASK_R1: tl.constexpr = 0, MASK_R2: tl.constexpr = 0,
 ):
     if REDO_CHUNK > 1:
         # A REDO program per REDO_CHUNK tiles: one load of their flags and, where none is set, an exit.
@@ -267,5 +232,4 @@ def _na_fwd_kernel(
             pid_t, pid_bh, pid_g, flat_pid, Q, K, V, Out, KNORM, FLAGS, sqb, sqh, sq0, sq1, sq2, skb, skh, sk0,
             sk1, sk2, svb, svh, sv0, sv1, sv2, sob, soh, so0, so1, so2, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1,
             DIL2, n_heads, qk_scale, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2, TK0,
-            TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO, SHIFT_MAX, POS_SCALE, True, TABLE, ONEHOT, PU0, PU1,
-            PU2, MASK_K, MASK_R1, MASK_R2)
+            TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO, SHIFT_MAX, POS_SCALE)
