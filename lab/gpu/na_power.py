@@ -5,8 +5,7 @@ with ``nvidia-smi`` sampling the SM clock, power and the clock-event reasons eve
     python3 lab/gpu/na_power.py [--seconds 4]
 
 Per phase: the call time from CUDA events around each call, the median of each batch of 20 (first,
-median and last batch)
-and the samples taken during the phase (SM clock MHz, power W, active clock-event reasons as
+median and last batch), and the samples taken during the phase (SM clock MHz, power W, active clock-event reasons as
 nvidia-smi prints them).
 """
 
