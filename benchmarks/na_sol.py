@@ -12,7 +12,8 @@ call; the impl that ran is read from ``xbackend.report()``):
   SOL         dense time * useful pairs / dense pairs: the useful work at the dense kernel's rate
   % SOL       SOL / time
   useful/computed  useful pairs / the pairs na_triton computes (``visited_pairs``: padded Q tiles
-              times whole KV blocks), shown when na_triton is the impl that ran
+              times whole KV blocks; q.k's 2 x 2 x 14 blocks where na_sm90 is the shift launch),
+              shown when na_triton is the impl that ran
   error       relative Frobenius error against the fp32 reference over 1024 random queries
 
 ``--smoke`` runs two tiny cases on the CPU (the reference impl, no SOL claim) to check the script.
@@ -21,6 +22,7 @@ call; the impl that ran is read from ``xbackend.report()``):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import xbackend
-from xbackend.kernels import na_triton
+from xbackend.kernels import na_sm90, na_triton
 from xbackend.ops.neighborhood_attention import attend_fp32, axis_windows
 
 
@@ -162,9 +164,22 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
                pct_sol=100 * sol_ms / ms, rel_err=err)
     # na_triton's tiling for this case (what it computes when it is the impl that ran).
     cfg = na_triton.config_for(args[0].shape, *args[3:6], args[7])
+    if cfg.shift and _sm90_takes(args, cfg):
+        # The shift launch is na_sm90's: its q.k pairs are those of 2 x 2 x 14 key blocks (its p.v pads
+        # each block to 64 keys).
+        cfg = dataclasses.replace(cfg, kv_tile=na_sm90.KV_TILE)
     computed = na_triton.visited_pairs(case.spatial, case.kernel, args[4], args[5], args[7], cfg)
     row.update(triton_useful_of_computed=pairs / computed, q_tile=cfg.q_tile, kv_tile=cfg.kv_tile)
     return row
+
+
+def _sm90_takes(args: tuple, cfg: na_triton.NAConfig) -> bool:
+    q, k, v, ks, dil, causal, scale, stride = args
+    if q.dim() != 6 or not na_sm90.ENABLED:
+        return False
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return (na_sm90.supports(q, k, v, q, ks, dil, causal, stride, float(scale), cfg.q_tile) is None
+            and na_sm90.available() is None)
 
 
 def main() -> None:

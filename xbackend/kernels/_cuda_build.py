@@ -76,10 +76,13 @@ class JitExtension:
     """One extension: ``sources`` (in ``source_dir``, default beside this file) built once per process
     on first ``load()``."""
 
-    def __init__(self, name: str, sources: tuple[str, ...], label: str, source_dir: Path = _CSRC) -> None:
+    def __init__(self, name: str, sources: tuple[str, ...], label: str, source_dir: Path = _CSRC,
+                 gencode: tuple[str, ...] | None = None) -> None:
         self.name = name
         self.sources = sources
         self.source_dir = source_dir
+        # Fixed nvcc -gencode flags (an arch-specific target such as sm_90a) instead of the visible GPUs'.
+        self.gencode = gencode
         self.label = label  # the error prefix: "<label> unavailable: <reason>"
         self.module: ModuleType | None = None
         self.failure: str | None = None
@@ -88,7 +91,7 @@ class JitExtension:
 
     def _build(self) -> ModuleType:
         archs = _device_archs()
-        name = f"{self.name}_sm" + "_".join(archs)
+        name = self.name if self.gencode else f"{self.name}_sm" + "_".join(archs)
         tag = f"torch{torch.__version__}_cu{torch.version.cuda}".replace("+", "_").replace(".", "_")
         build_dir = safe_dir(cache_root() / "torch_extensions" / tag / name)
         return load_extension(
@@ -98,7 +101,7 @@ class JitExtension:
             extra_include_paths=[str(self.source_dir)],
             extra_cflags=["-O3"],
             # --fmad=false backs up the explicit __f*_rn: no mul+add may become an FMA.
-            extra_cuda_cflags=["-O3", "--fmad=false", *_arch_flags(archs)],
+            extra_cuda_cflags=["-O3", "--fmad=false", *(self.gencode or _arch_flags(archs))],
             verbose=False,
         )
 

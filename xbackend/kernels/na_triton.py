@@ -38,6 +38,10 @@ fp32; bf16/fp16 operands on the tensor cores.
   shift launch runs as ``na_gluon``'s Gluon kernel, the same walk with its wgmmas asynchronous (the
   next block's q.k in flight during this block's softmax, p.v in flight through the next trip) and q
   in registers; bit for bit this kernel's shift launch. The online launch stays this kernel's.
+* sm90 shift launch (``na_sm90``): at head_dim 64 with 4 x 4 x 4 tiles and windows of at most 11 on
+  an sm90 GPU the shift launch is a CUDA C++ kernel that walks each tile's key box in 2 x 2 x 14
+  blocks (56 keys: the exact 14-key box width along axis 2, which a power-of-two Triton block rounds
+  up to 16). Same walk, bounds and flags; the online launch for flagged tiles stays this kernel's.
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
   program works on one group: stride times ``d``, base offset ``g``, group length
   ``ceil((L - g) / d)``.
@@ -79,7 +83,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from xbackend.kernels import _triton_launch
+from xbackend.kernels import _triton_launch, na_sm90
 from xbackend.kernels.key_norm import max_key_norm
 from xbackend.kernels.na_triton_kernel import _na_fwd_kernel
 
@@ -244,6 +248,12 @@ def neighborhood_attention(
             launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
                                             POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
                                             **schedule)
+    if (shift and q.is_cuda and na_sm90.ENABLED
+            and na_sm90.supports(q3, k3, v3, o3, ks, dil, causal, st, float(scale), tq) is None
+            and na_sm90.available() is None):
+        # The shift launch in 56-key blocks (CUDA C++, sm_90a): the same walk and flags, 1/8 fewer q.k pairs.
+        launches[0] = functools.partial(na_sm90.shift_launch, q3, k3, v3, o3, knorm, flags, ks,
+                                        float(scale) * _LOG2E, SHIFT_MAX)
     for one in launches:
         if tma and q.is_cuda:
             # In-kernel descriptors need global scratch, which Triton takes from its allocator: set in a

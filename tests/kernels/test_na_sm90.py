@@ -1,0 +1,129 @@
+"""na_sm90 (neighborhood attention's sm90a shift launch): its input rules on the CPU, its compile for
+sm_90a where nvcc is installed, and on an sm90 GPU its outputs against the independent fp32 reference
+of test_na_kernels and against na_triton's own shift launch."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from test_na_kernels import make_qkv, reference, rel_err
+
+from xbackend.kernels import na_sm90
+
+SRC = Path(na_sm90.__file__).with_name("na_sm90.cu")
+OK = ((11, 11, 11), (1, 1, 1), (False, False, False), (1, 1, 1), 0.125, (4, 4, 4))
+
+
+def _views(spatial=(12, 16, 16), heads=2, dim=64, dtype=torch.bfloat16):
+    q, k, v = make_qkv(spatial, heads, dim, dtype)
+    return q, k, v, torch.empty_like(q)
+
+
+def _args(**change):
+    names = ("kernel_size", "dilation", "is_causal", "stride", "scale", "q_tile")
+    values = dict(zip(names, OK, strict=True))
+    values.update(change)
+    return tuple(values[n] for n in names)
+
+
+def test_layout_accepts_the_diffvae_tiles():
+    assert na_sm90.layout_reason(*_views(), *_args()) is None
+    assert na_sm90.layout_reason(*_views((13, 17, 19)), *_args(kernel_size=(7, 9, 11))) is None
+
+
+@pytest.mark.parametrize(("views", "change", "expected"), [
+    ({}, {"q_tile": (2, 4, 8)}, "q_tile"),
+    ({"dtype": torch.float16}, {}, "bf16 only"),
+    ({"dim": 128}, {}, "head_dim 128"),
+    ({}, {"dilation": (1, 2, 1)}, "dilation"),
+    ({}, {"stride": (1, 1, 2)}, "stride"),
+    ({}, {"is_causal": (True, False, False)}, "causal"),
+    ({}, {"scale": -0.125}, "positive"),
+    ({}, {"kernel_size": (11, 11, 12)}, "axis 2: window 12"),
+    ({"spatial": (8, 16, 16)}, {}, "axis 0: window 11 over 8"),
+])
+def test_layout_reasons(views: dict, change: dict, expected: str):
+    reason = na_sm90.layout_reason(*_views(**views), *_args(**change))
+    assert reason is not None and expected in reason
+
+
+def test_layout_needs_contiguous_tensors():
+    q, k, v, o = _views()
+    reason = na_sm90.layout_reason(q, k.transpose(2, 3), v, o, *_args())
+    assert reason is not None and "contiguous" in reason
+
+
+def test_supports_needs_an_sm90_gpu():
+    assert "sm90" in na_sm90.supports(*_views(), *_args())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_kernel_compiles_for_sm90a_in_four_ctas_an_sm(tmp_path: Path):
+    """ptxas -v on the kernel: no spills, and at most 128 registers a thread, so four 128-thread CTAs
+    fit an SM's 64 Ki registers (what its 53 KiB of shared memory a CTA allows too)."""
+    res = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-O3", "--fmad=false",
+                          "-Xptxas", "-v", "-o", str(tmp_path / "na.cubin"), str(SRC)],
+                         capture_output=True, text=True, check=True)
+    regs = int(re.search(r"Used (\d+) registers", res.stderr).group(1))
+    assert regs <= 128, res.stderr
+    assert "0 bytes spill stores" in res.stderr, res.stderr
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+CASES = [
+    # spatial, heads, kernel, batch
+    ((12, 16, 16), 2, (11, 11, 11), 1),
+    ((13, 17, 19), 3, (11, 11, 11), 2),  # ragged tiles at every axis end
+    ((11, 20, 14), 2, (7, 9, 11), 1),  # a window as long as its axis; unequal windows
+    ((16, 16, 16), 1, (3, 5, 1), 1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
+@pytest.mark.parametrize(("spatial", "heads", "kernel", "batch"), CASES)
+def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monkeypatch):
+    from xbackend.kernels import na_triton
+
+    assert na_sm90.available() is None, na_sm90.build_log()
+    q, k, v = make_qkv(spatial, heads, 64, torch.bfloat16, seed=3, device="cuda", batch=batch)
+    dil, causal = (1, 1, 1), (False, False, False)
+    config = dataclasses.replace(na_triton.config_for(q.shape, kernel, dil, causal), q_tile=(4, 4, 4), tma=True,
+                                 shift=True)
+    calls = []
+    launch = na_sm90.shift_launch
+    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (calls.append(1), launch(*a)))
+    out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=config)
+    assert calls, "na_triton did not take the sm90 shift launch"
+    ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal)
+    assert rel_err(out, ref) < 5e-3
+    monkeypatch.setattr(na_sm90, "ENABLED", False)
+    triton_out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=config)
+    assert rel_err(out, triton_out) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
+def test_gpu_flagged_tiles_take_the_online_walk():
+    """Large queries in some tiles push their bound past SHIFT_MAX: those tiles are flagged, walk
+    nothing here and are redone by na_triton's online launch; the result is right everywhere."""
+    from xbackend.kernels import na_triton
+
+    spatial, kernel = (12, 16, 16), (11, 11, 11)
+    q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=4, device="cuda")
+    q[:, :4, :4] *= 40.0  # the first tiles' rows
+    config = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1, 1, 1), (False,) * 3), q_tile=(4, 4, 4),
+                                 tma=True, shift=True)
+    out = na_triton.neighborhood_attention(q, k, v, kernel, (1, 1, 1), (False,) * 3, None, config=config)
+    ref = reference(q.float(), k.float(), v.float(), kernel, (1, 1, 1), (False,) * 3)
+    assert rel_err(out, ref) < 5e-3
+    assert torch.isfinite(out).all()

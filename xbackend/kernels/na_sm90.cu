@@ -1,0 +1,415 @@
+// Neighborhood attention's shift launch for sm90a at head_dim 64: 3-D windows of at most 11 per
+// axis walked in 2 x 2 x 14 key blocks (56 keys), which a Triton kernel cannot express (its block
+// shapes are powers of two; na_triton's 2 x 2 x 16 blocks round a 14-wide key box up to 16).
+//
+// Semantics are na_triton's shift launch (na_triton_kernel.py, SHIFT): one CTA a 4 x 4 x 4 query
+// tile of one (batch, head), rows in (axis 0, axis 1, axis 2) order; each row's exponent is shifted
+// by its Cauchy-Schwarz bound |q| * max|k| * scale (log2 units), so the walk keeps no row max and
+// never rescales; a tile whose largest bound exceeds shift_max walks nothing and sets its flag,
+// indexed as na_triton's grid (tile + tiles * (batch * heads + head)), for na_triton's online launch.
+//
+// Per CTA: one warpgroup; q (64 rows), a 3-slot ring of K (56 rows) and V (64 rows, the last 8
+// zero) moved by TMA in 128-byte swizzle; q.k as wgmma m64n56k16 (q and k in shared memory), the
+// masked shifted exponents in registers, p.v as wgmma m64n64k16 with p from registers (its pad
+// columns 56-63 zero). A tile's key box along axis 2 (window + 3 <= 14 keys) is one block wide, so
+// each row's axis-2 test is a 14-bit mask fixed for the tile; the axis-0/1 tests give each block
+// four (offset0, offset1) groups of columns.
+//
+// Inputs (checked by na_sm90.py): bf16, contiguous [B, S0, S1, S2, heads, 64]; window k_i <= 11 and
+// S_i >= k_i; stride 1, no dilation, no causal axis; scale > 0.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kStages = 3;
+constexpr int kKBytes = 56 * 128;  // a K block: 56 rows of 64 bf16
+constexpr int kVBytes = 64 * 128;  // a V slot: 56 loaded rows and 8 zero rows (p.v's last k16 step)
+constexpr int kQBytes = 64 * 128;
+constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack (swizzle: 1024 B)
+constexpr int kBoxW = 14;
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// A 128-byte-swizzled, K-major (rows of 64 bf16) operand in shared memory: start, no leading offset,
+// 1024 bytes between 8-row groups, swizzle mode 1 (128 B). The same word serves V read transposed.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t phase) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(phase)
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+        : "memory");
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// s[28] (=|+) q . k over one k16 step: m64n56k16, both operands in shared memory.
+__device__ __forceinline__ void wgmma_qk(float (&d)[28], uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %30, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n56k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27}, %28, %29, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// acc[32] += p . v over one k16 step: m64n64k16, p from registers, v transposed from shared memory.
+__device__ __forceinline__ void wgmma_pv(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.eq.b32 p, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// NATTEN's window start: centred, shifted inward at the axis ends.
+__device__ __forceinline__ int win_start(int m, int n, int ks) { return min(max(m - ks / 2, 0), n - ks); }
+
+__device__ __forceinline__ bool in_win(int key, int start, int ks) { return (unsigned)(key - start) < (unsigned)ks; }
+
+__global__ void __launch_bounds__(128, 4)
+    na_shift_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                  const __grid_constant__ CUtensorMap tv, __nv_bfloat16 *__restrict__ out,
+                  const __nv_bfloat16 *__restrict__ qg, const float *__restrict__ knorm, int *__restrict__ flags,
+                  int N0, int N1, int N2, int heads, int ks0, int ks1, int ks2, float qk_scale, float shift_max) {
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t full_k[kStages];
+    __shared__ __align__(8) uint64_t full_v[kStages];
+    __shared__ __align__(8) uint64_t q_bar;
+    __shared__ float row_bound[64];
+    __shared__ int tile_ok;
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    uint8_t *base = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sv = base + kQBytes + kStages * kKBytes;
+    const uint32_t sq_a = smem_u32(base), sk_a = sq_a + kQBytes, sv_a = smem_u32(sv);
+
+    const int nt1 = (N1 + 3) >> 2, nt2 = (N2 + 3) >> 2;
+    const int tile = blockIdx.x;
+    const int bh = blockIdx.y;
+    const int b = bh / heads, head = bh - b * heads;
+    const int a0 = (tile / (nt1 * nt2)) << 2;
+    const int a1 = ((tile / nt2) % nt1) << 2;
+    const int a2 = (tile % nt2) << 2;
+    // The tile's key box [lo, hi): its first query's window start to its last query's window end.
+    const int lo0 = win_start(a0, N0, ks0), lo1 = win_start(a1, N1, ks1), lo2 = win_start(a2, N2, ks2);
+    const int hi0 = win_start(min(a0 + 3, N0 - 1), N0, ks0) + ks0;
+    const int hi1 = win_start(min(a1 + 3, N1 - 1), N1, ks1) + ks1;
+    const int nb1 = (hi1 - lo1 + 1) >> 1;
+    const int n_blocks = ((hi0 - lo0 + 1) >> 1) * nb1;
+    const int col = head * 64;
+
+    // V's rows 56-63 stay zero (p's pad columns are zero too: 0 * 0, never 0 * stale bits).
+    for (int i = tid; i < kStages * 64; i += 128) {
+        *reinterpret_cast<uint4 *>(sv + (i >> 6) * kVBytes + 56 * 128 + (i & 63) * 16) = make_uint4(0, 0, 0, 0);
+    }
+    if (tid == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(smem_u32(&full_k[s]), 1);
+            mbar_init(smem_u32(&full_v[s]), 1);
+        }
+        mbar_init(smem_u32(&q_bar), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+
+    auto load_k = [&](int slot, int d0, int d1) {
+        uint32_t bar = smem_u32(&full_k[slot]);
+        mbar_expect_tx(bar, kKBytes);
+        tma_load_5d(sk_a + slot * kKBytes, &tk, bar, col, lo2, d1, d0, b);
+    };
+    auto load_v = [&](int slot, int d0, int d1) {
+        uint32_t bar = smem_u32(&full_v[slot]);
+        mbar_expect_tx(bar, kKBytes);  // 56 rows, like K
+        tma_load_5d(sv_a + slot * kVBytes, &tv, bar, col, lo2, d1, d0, b);
+    };
+    if (tid == 0) {
+        mbar_expect_tx(smem_u32(&q_bar), kQBytes);
+        tma_load_5d(sq_a, &tq, smem_u32(&q_bar), col, a2, a1, a0, b);  // rows past an axis end: zeros
+        for (int i = 0; i < kStages && i < n_blocks; ++i) {
+            load_k(i, lo0 + 2 * (i / nb1), lo1 + 2 * (i % nb1));
+            load_v(i, lo0 + 2 * (i / nb1), lo1 + 2 * (i % nb1));
+        }
+    }
+
+    // Row bounds |q| * max|k| * scale from global memory (two threads a row) while the loads fly. A
+    // row past an axis end takes its clamped query's bound: a bound of a row of the tile either way.
+    {
+        const int r = tid >> 1, half = tid & 1;
+        const int t = min(a0 + (r >> 4), N0 - 1), h = min(a1 + ((r >> 2) & 3), N1 - 1), w = min(a2 + (r & 3), N2 - 1);
+        const __nv_bfloat16 *p =
+            qg + ((((size_t)b * N0 + t) * N1 + h) * N2 + w) * (size_t)(heads * 64) + col + half * 32;
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            uint4 u = reinterpret_cast<const uint4 *>(p)[j];
+            const __nv_bfloat162 *e = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float2 f = __bfloat1622float2(e[k]);
+                ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+            }
+        }
+        ss += __shfl_xor_sync(0xffffffff, ss, 1);
+        const float m = sqrtf(ss) * knorm[bh] * fabsf(qk_scale);
+        if (half == 0) row_bound[r] = m;
+        // NaN or inf in q or k fails the test: such tiles go to the online walk.
+        const int ok = __syncthreads_and(m <= shift_max);
+        if (tid == 0) tile_ok = ok;
+    }
+    __syncthreads();
+    if (!tile_ok) {
+        if (tid == 0) flags[(size_t)bh * gridDim.x + tile] = 1;
+        mbar_wait(smem_u32(&q_bar), 0);  // drain the issued loads before the CTA exits
+        for (int i = 0; i < kStages && i < n_blocks; ++i) {
+            mbar_wait(smem_u32(&full_k[i]), 0);
+            mbar_wait(smem_u32(&full_v[i]), 0);
+        }
+        return;
+    }
+
+    // This thread's two rows and 14 score columns (the wgmma accumulator layout): row r0 and r0 + 8,
+    // columns 8 j + 2 (lane % 4) + {0, 1} for j < 7.
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
+    const float negm0 = -row_bound[r0], negm1 = -row_bound[r1];
+    const int qs0_0 = win_start(min(a0 + (r0 >> 4), N0 - 1), N0, ks0);
+    const int qs0_1 = win_start(min(a0 + (r1 >> 4), N0 - 1), N0, ks0);
+    const int qs1_0 = win_start(min(a1 + ((r0 >> 2) & 3), N1 - 1), N1, ks1);
+    const int qs1_1 = win_start(min(a1 + ((r1 >> 2) & 3), N1 - 1), N1, ks1);
+    const int qs2_0 = win_start(min(a2 + (r0 & 3), N2 - 1), N2, ks2);
+    const int qs2_1 = win_start(min(a2 + (r1 & 3), N2 - 1), N2, ks2);
+    // Column slot i (0..13) is key column c = 8 (i / 2) + 2 (lane % 4) + i % 2 of the block's 56, key
+    // (c / 28, c / 14 % 2, c % 14) of its 2 x 2 x 14 box. Masks over the 14 slots: each row's axis-2
+    // window (fixed for the tile) and each slot's (axis-0, axis-1) offset group.
+    uint32_t wmask0 = 0, wmask1 = 0, g0m = 0, g1m = 0, g2m = 0, g3m = 0;
+#pragma unroll
+    for (int i = 0; i < 14; ++i) {
+        const int c = 8 * (i >> 1) + 2 * (lane & 3) + (i & 1);
+        const int g = (c / 28) * 2 + (c / 14) % 2;
+        const int w = lo2 + c % 14;
+        wmask0 |= (uint32_t)in_win(w, qs2_0, ks2) << i;
+        wmask1 |= (uint32_t)in_win(w, qs2_1, ks2) << i;
+        g0m |= (uint32_t)(g == 0) << i;
+        g1m |= (uint32_t)(g == 1) << i;
+        g2m |= (uint32_t)(g == 2) << i;
+        g3m |= (uint32_t)(g == 3) << i;
+    }
+
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    float l0 = 0.f, l1 = 0.f;
+    float s[28];
+    uint32_t pa[4][4];
+    mbar_wait(smem_u32(&q_bar), 0);
+    const uint64_t dq = desc_sw128(sq_a);
+
+    int c0 = lo0, c1 = lo1;
+    // The next block to load (block kStages), by carried counters: a divide costs ~40 instructions.
+    int e0 = lo0 + 2 * (kStages / nb1), e1 = lo1 + 2 * (kStages % nb1);
+    for (int i = 0; i < n_blocks; ++i) {
+        const int slot = i % kStages;
+        mbar_wait(smem_u32(&full_k[slot]), (i / kStages) & 1);
+        const uint64_t dk = desc_sw128(sk_a + slot * kKBytes);
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wgmma_qk(s, dq + 2 * k, dk + 2 * k, k);  // +32 B a k16 step
+        wg_commit();
+        wg_wait<0>();  // this block's q.k and the previous block's p.v
+        fence_regs(s);
+        fence_regs(acc);
+        // The previous block's slot is free once every warp's p.v has read it: refill it.
+        if (i >= 1 && i + kStages - 1 < n_blocks) {
+            asm volatile("bar.sync 1, 128;" ::: "memory");
+            if (tid == 0) {
+                load_k((i - 1) % kStages, e0, e1);
+                load_v((i - 1) % kStages, e0, e1);
+            }
+            e1 += 2;
+            if (e1 >= lo1 + 2 * nb1) {
+                e1 = lo1;
+                e0 += 2;
+            }
+        }
+
+        // exp2(s * scale - bound), -inf (so 0) outside each row's window; row sums per thread.
+        const uint32_t t00 = in_win(c0, qs0_0, ks0), t01 = in_win(c0 + 1, qs0_0, ks0);
+        const uint32_t t10 = in_win(c0, qs0_1, ks0), t11 = in_win(c0 + 1, qs0_1, ks0);
+        const uint32_t h00 = in_win(c1, qs1_0, ks1), h01 = in_win(c1 + 1, qs1_0, ks1);
+        const uint32_t h10 = in_win(c1, qs1_1, ks1), h11 = in_win(c1 + 1, qs1_1, ks1);
+        const uint32_t m0 = wmask0 & (((t00 & h00) ? g0m : 0) | ((t00 & h01) ? g1m : 0) |
+                                      ((t01 & h00) ? g2m : 0) | ((t01 & h01) ? g3m : 0));
+        const uint32_t m1 = wmask1 & (((t10 & h10) ? g0m : 0) | ((t10 & h11) ? g1m : 0) |
+                                      ((t11 & h10) ? g2m : 0) | ((t11 & h11) ? g3m : 0));
+#pragma unroll
+        for (int j = 0; j < 7; ++j) {
+            const float p0 = ex2(fmaf(s[4 * j + 0], qk_scale, ((m0 >> (2 * j)) & 1) ? negm0 : -INFINITY));
+            const float p1 = ex2(fmaf(s[4 * j + 1], qk_scale, ((m0 >> (2 * j + 1)) & 1) ? negm0 : -INFINITY));
+            const float p2 = ex2(fmaf(s[4 * j + 2], qk_scale, ((m1 >> (2 * j)) & 1) ? negm1 : -INFINITY));
+            const float p3 = ex2(fmaf(s[4 * j + 3], qk_scale, ((m1 >> (2 * j + 1)) & 1) ? negm1 : -INFINITY));
+            l0 += p0 + p1;
+            l1 += p2 + p3;
+            // p.v's k16 step j / 2 takes {row r0, cols 0-7}, {r1, 0-7}, {r0, 8-15}, {r1, 8-15}.
+            pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(p0, p1);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+        }
+        pa[3][2] = 0u;
+        pa[3][3] = 0u;
+
+        mbar_wait(smem_u32(&full_v[slot]), (i / kStages) & 1);
+        const uint64_t dv = desc_sw128(sv_a + slot * kVBytes);
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wgmma_pv(acc, pa[k], dv + 128 * k);  // +16 rows (2048 B) a k16 step
+        wg_commit();
+
+        c1 += 2;
+        if (c1 >= lo1 + 2 * nb1) {
+            c1 = lo1;
+            c0 += 2;
+        }
+    }
+    wg_wait<0>();
+    fence_regs(acc);
+
+    l0 += __shfl_xor_sync(0xffffffff, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffff, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffff, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffff, l1, 2);
+    const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+    const size_t rs = (size_t)heads * 64;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = half ? r1 : r0;
+        const int t = a0 + (r >> 4), h = a1 + ((r >> 2) & 3), w = a2 + (r & 3);
+        if (t >= N0 || h >= N1 || w >= N2) continue;  // past an axis end: not stored
+        const float inv = half ? inv1 : inv0;
+        __nv_bfloat16 *o = out + ((((size_t)b * N0 + t) * N1 + h) * N2 + w) * rs + col;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            *reinterpret_cast<uint32_t *>(o + 8 * j + 2 * (lane & 3)) =
+                pack_bf16(acc[4 * j + 2 * half] * inv, acc[4 * j + 2 * half + 1] * inv);
+        }
+    }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (fn == nullptr) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult res;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &res) ==
+                cudaSuccess &&
+            res == cudaDriverEntryPointSuccess) {
+            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+        }
+    }
+    return fn;
+}
+
+// A 5-D map over [B, S0, S1, S2, heads * 64] bf16 (innermost first for the driver), 128-byte swizzle;
+// boxes past an end are zero-filled.
+bool encode(CUtensorMap *map, const void *ptr, int B, int N0, int N1, int N2, int heads, int box_w, int box_h,
+            int box_t) {
+    const cuuint64_t c = (cuuint64_t)heads * 64;
+    cuuint64_t dims[5] = {c, (cuuint64_t)N2, (cuuint64_t)N1, (cuuint64_t)N0, (cuuint64_t)B};
+    cuuint64_t strides[4] = {c * 2, c * 2 * N2, c * 2 * N2 * N1, c * 2 * N2 * N1 * N0};
+    cuuint32_t box[5] = {64, (cuuint32_t)box_w, (cuuint32_t)box_h, (cuuint32_t)box_t, 1};
+    cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+    return encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void *>(ptr), dims, strides, box, ones,
+                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// The shift launch on ``stream`` (the caller's current device): nullptr, or why it did not launch.
+const char *xb_na_shift_sm90(const void *q, const void *k, const void *v, void *out, const float *knorm, int *flags,
+                             int B, int N0, int N1, int N2, int heads, int ks0, int ks1, int ks2, float qk_scale,
+                             float shift_max, cudaStream_t stream) {
+    if (encode_fn() == nullptr) return "the CUDA driver has no cuTensorMapEncodeTiled";
+    CUtensorMap tq, tk, tv;
+    if (!encode(&tq, q, B, N0, N1, N2, heads, 4, 4, 4) || !encode(&tk, k, B, N0, N1, N2, heads, kBoxW, 2, 2) ||
+        !encode(&tv, v, B, N0, N1, N2, heads, kBoxW, 2, 2)) {
+        return "cuTensorMapEncodeTiled rejected a tensor";
+    }
+    if (cudaFuncSetAttribute(na_shift_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
+        return cudaGetErrorString(cudaGetLastError());
+    }
+    const unsigned tiles = (unsigned)(((N0 + 3) / 4) * ((N1 + 3) / 4) * ((N2 + 3) / 4));
+    na_shift_sm90<<<dim3(tiles, B * heads), 128, kSmem, stream>>>(
+        tq, tk, tv, static_cast<__nv_bfloat16 *>(out), static_cast<const __nv_bfloat16 *>(q), knorm, flags, N0, N1, N2,
+        heads, ks0, ks1, ks2, qk_scale, shift_max);
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}

@@ -1,0 +1,97 @@
+"""na_triton's shift launch as a CUDA C++ kernel for sm90a at head_dim 64 (``na_sm90.cu``).
+
+A 4 x 4 x 4 query tile at window 11 sees a 14 x 14 x 14 key box. na_triton walks it in 2 x 2 x 16
+key blocks (Triton block shapes are powers of two): 49 blocks of 64 keys, 44% of the computed pairs
+useful at the DiffVAE stage-5 tile. This kernel walks it in 2 x 2 x 14 blocks (a TMA box 14 keys
+wide, q.k as wgmma m64n56k16): 49 blocks of 56 keys, the box exactly, so q.k and the exponents do
+1/8 less work; p.v pads each block to 64 keys (a zero p column times a zero V row). Same walk
+otherwise: each row shifted by its Cauchy-Schwarz bound, a tile with a looser bound left to
+na_triton's online launch through the same flags.
+
+``na_triton.neighborhood_attention`` takes it for the shift launch where ``supports`` says so, the
+extension builds (``available``) and ``ENABLED`` is set. The extension is built on first use for
+``sm_90a`` only (wgmma and TMA are that target's).
+
+On the H200 (torch 2.11 + cu130, 2026-12-04): the stage-5 tile's call 2.41-2.56 ms against na_triton's
+2.58-2.76 ms, interleaved in one process (``lab/gpu/na56/run.py``; lab/results/h200/na56_2.txt).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
+
+__all__ = ["ENABLED", "KV_TILE", "MAX_WINDOW", "Q_TILE", "available", "build_log", "layout_reason", "shift_launch", "supports"]
+
+_EXT = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
+                    gencode=("-gencode=arch=compute_90a,code=sm_90a",))
+
+# The shift launch takes this kernel where it can (module switch for comparisons: lab/gpu/na56/run.py).
+ENABLED = True
+# A tile's key box along axis 2 is window + 3 keys, and one 14-key block must cover it.
+MAX_WINDOW = 11
+Q_TILE = (4, 4, 4)
+KV_TILE = (2, 2, 14)  # the key blocks of q.k (p.v pads each to 64 keys)
+
+
+def build_log() -> str | None:
+    """The full compiler output of a failed build, or None."""
+    return _EXT.failure_detail
+
+
+def available() -> str | None:
+    """None when the kernel can run here (building it if needed), else the reason. Never raises."""
+    return _EXT.available()
+
+
+def layout_reason(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch.Tensor,
+                  kernel_size: tuple[int, int, int], dilation: tuple[int, int, int], is_causal: tuple[bool, bool, bool],
+                  stride: tuple[int, int, int], scale: float, q_tile: tuple[int, int, int]) -> str | None:
+    """Why the kernel cannot take this call's tensors and window (device aside), or None. Tensors are
+    na_triton's ``[B, S0, S1, S2, heads, head_dim]`` views."""
+    if q_tile != Q_TILE:
+        return f"q_tile {q_tile}: the kernel's tile is {Q_TILE} (its flags index na_triton's grid of that tile)"
+    if any(t.dtype != torch.bfloat16 for t in (q3, k3, v3, o3)):
+        return f"dtype {q3.dtype}: bf16 only"
+    if q3.dim() != 6 or q3.shape[-1] != 64:
+        return f"head_dim {q3.shape[-1]}: 64 only"
+    if any(t.shape != q3.shape for t in (k3, v3, o3)):
+        return "q, k, v and out must share one shape"
+    if not all(t.is_contiguous() for t in (q3, k3, v3, o3)):
+        return "q, k, v and out must be contiguous"
+    if any(t.data_ptr() % 16 for t in (q3, k3, v3, o3)):
+        return "base addresses must be 16-byte aligned (TMA)"
+    if dilation != (1, 1, 1) or stride != (1, 1, 1) or any(is_causal):
+        return "dilation, stride and causal axes: none only"
+    if not scale > 0:
+        return f"scale {scale}: positive only"
+    b, s0, s1, s2, heads, _ = q3.shape
+    for axis, (n, ks) in enumerate(zip((s0, s1, s2), kernel_size, strict=True)):
+        if not 1 <= ks <= MAX_WINDOW or n < ks:
+            return f"axis {axis}: window {ks} over {n} (windows 1-{MAX_WINDOW}, no longer than the axis)"
+    if b * heads > 65535:
+        return f"batch * heads {b * heads}: at most 65535 (the grid's second axis)"
+    return None
+
+
+def supports(q3: torch.Tensor, *args) -> str | None:
+    """``layout_reason`` plus the device: an sm90 GPU (wgmma and TMA are sm_90a's)."""
+    if not q3.is_cuda or torch.cuda.get_device_capability(q3.device) != (9, 0):
+        return "needs an sm90 GPU (the kernel is built for sm_90a)"
+    return layout_reason(q3, *args)
+
+
+def shift_launch(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch.Tensor, knorm: torch.Tensor,
+                 flags: torch.Tensor, kernel_size: tuple[int, int, int], qk_scale: float, shift_max: float) -> None:
+    """The shift launch on the current stream of q's device (which must be the current device).
+    ``qk_scale`` includes log2(e); ``knorm`` is ``key_norm.max_key_norm(k3)``; ``flags`` int32, zeroed,
+    one per tile of na_triton's grid. Raises CudaKernelUnavailable if the extension cannot be built."""
+    mod = _EXT.module or _EXT.load()
+    b, s0, s1, s2, heads, _ = q3.shape
+    stream = torch.cuda.current_stream(q3.device).cuda_stream
+    mod.shift(q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), o3.data_ptr(), knorm.data_ptr(), flags.data_ptr(),
+              b, s0, s1, s2, heads, *kernel_size, float(qk_scale), float(shift_max), stream)
+
+
+__all__ += ["CudaKernelUnavailable"]
