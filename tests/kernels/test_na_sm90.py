@@ -5,9 +5,11 @@ of test_na_kernels and against na_triton's own shift launch."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,16 @@ def test_layout_needs_contiguous_tensors():
     assert reason is not None and "contiguous" in reason
 
 
+@pytest.mark.parametrize(("value", "enabled"), [(None, False), ("0", False), ("1", True)])
+def test_enabled_only_when_opted_in(value: str | None, enabled: bool):
+    env = {k: v for k, v in os.environ.items() if k != "XBACKEND_NA_SM90"}
+    if value is not None:
+        env["XBACKEND_NA_SM90"] = value
+    res = subprocess.run([sys.executable, "-c", "from xbackend.kernels import na_sm90; print(na_sm90.ENABLED)"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == str(enabled)
+
+
 def test_supports_needs_an_sm90_gpu():
     assert "sm90" in na_sm90.supports(*_views(), *_args())
 
@@ -94,6 +106,7 @@ CASES = [
 def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monkeypatch):
     from xbackend.kernels import na_triton
 
+    monkeypatch.setattr(na_sm90, "ENABLED", True)
     assert na_sm90.available() is None, na_sm90.build_log()
     q, k, v = make_qkv(spatial, heads, 64, torch.bfloat16, seed=3, device="cuda", batch=batch)
     dil, causal = (1, 1, 1), (False, False, False)
@@ -113,11 +126,12 @@ def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monk
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
-def test_gpu_flagged_tiles_take_the_online_walk():
+def test_gpu_flagged_tiles_take_the_online_walk(monkeypatch):
     """Large queries in some tiles push their bound past SHIFT_MAX: those tiles are flagged, walk
     nothing here and are redone by na_triton's online launch; the result is right everywhere."""
     from xbackend.kernels import na_triton
 
+    monkeypatch.setattr(na_sm90, "ENABLED", True)
     spatial, kernel = (12, 16, 16), (11, 11, 11)
     q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=4, device="cuda")
     q[:, :4, :4] *= 40.0  # the first tiles' rows
