@@ -97,6 +97,8 @@ CASES = [
     ((13, 17, 19), 3, (11, 11, 11), 2),  # ragged tiles at every axis end
     ((11, 20, 14), 2, (7, 9, 11), 1),  # a window as long as its axis; unequal windows
     ((16, 16, 16), 1, (3, 5, 1), 1),
+    ((1, 9, 13), 2, (1, 5, 7), 1),  # an axis of one token (a 2-D input)
+    ((5, 6, 7), 3, (3, 5, 7), 2),
 ]
 
 
@@ -137,7 +139,12 @@ def test_gpu_flagged_tiles_take_the_online_walk(monkeypatch):
     q[:, :4, :4] *= 40.0  # the first tiles' rows
     config = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1, 1, 1), (False,) * 3), q_tile=(4, 4, 4),
                                  tma=True, shift=True)
+    flags = []
+    launch = na_sm90.shift_launch
+    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
     out = na_triton.neighborhood_attention(q, k, v, kernel, (1, 1, 1), (False,) * 3, None, config=config)
+    assert len(flags) == 1, "na_triton did not take the sm90 shift launch"
+    assert 0 < int(flags[0].sum()) < flags[0].numel()
     ref = reference(q.float(), k.float(), v.float(), kernel, (1, 1, 1), (False,) * 3)
     assert rel_err(out, ref) < 5e-3
     assert torch.isfinite(out).all()

@@ -397,6 +397,12 @@ bool encode(CUtensorMap *map, const void *ptr, int B, int N0, int N1, int N2, in
 const char *xb_na_shift_sm90(const void *q, const void *k, const void *v, void *out, const float *knorm, int *flags,
                              int B, int N0, int N1, int N2, int heads, int ks0, int ks1, int ks2, float qk_scale,
                              float shift_max, cudaStream_t stream) {
+    // na_sm90.py checks these (layout_reason) with the rest; repeated so no direct call launches outside them.
+    const int ks[3] = {ks0, ks1, ks2}, n[3] = {N0, N1, N2};
+    for (int a = 0; a < 3; ++a) {
+        if (ks[a] < 1 || ks[a] > kBoxW - 3 || n[a] < ks[a]) return "na_sm90: windows must be 1-11 and fit their axes";
+    }
+    if (B < 1 || heads < 1 || (long long)B * heads > 65535) return "na_sm90: batch * heads must be 1-65535";
     if (encode_fn() == nullptr) return "the CUDA driver has no cuTensorMapEncodeTiled";
     CUtensorMap tq, tk, tv;
     if (!encode(&tq, q, B, N0, N1, N2, heads, 4, 4, 4) || !encode(&tk, k, B, N0, N1, N2, heads, kBoxW, 2, 2) ||
