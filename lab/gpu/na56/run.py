@@ -2,9 +2,9 @@
 on the GPU: outputs compared, errors against the fp32 reference on na_sol's 1024-query sample, and
 ``do_bench`` medians of both calls, interleaved.
 
-    python3 lab/gpu/na56/run.py [--variants base,qreg,overlap,overlap_qreg] [--rounds 3] [--shape 40,96,96 --heads 4]
+    python3 lab/gpu/na56/run.py [--variants base,qreg,...,pair] [--rounds 3] [--shape 40,96,96 --heads 4]
 
-Each variant is na56.cu compiled by nvcc (sm_90a) with its macros (``VARIANTS``). The kernel is launched through the CUDA
+Each variant is na56.cu (or na56_pair.cu) compiled by nvcc (sm_90a) with its macros (``VARIANTS``). The kernel is launched through the CUDA
 driver by ctypes (cuModuleLoadData, cuTensorMapEncodeTiled, cuLaunchKernel) on torch's stream; its
 call is the package's key-norm pass, a zeroed flag buffer and the kernel (no tile of these inputs is
 flagged: the script checks).
@@ -61,33 +61,38 @@ class TensorMap:
                                             0, 3, 2, 0), "cuTensorMapEncodeTiled")
 
 
+# name: (source, nvcc macros, kernel, dynamic shared memory)
+SMEM_PAIR = 8192 + 2 * 56 * 128 + 2 * 112 * 128 + 1024  # Q, K ring, two V pairs, alignment slack
 VARIANTS = {
-    "base": [],
-    "qreg": ["-DQREG=1"],  # q.k's A operand (q) in registers
-    "overlap": ["-DOVERLAP=1"],  # the softmax of block i under p.v of block i - 1
-    "overlap_qreg": ["-DOVERLAP=1", "-DQREG=1"],
-    "skip": ["-DSKIP=1"],  # no exponents for a block outside every window of a warp's rows
-    "qreg_skip": ["-DQREG=1", "-DSKIP=1"],
+    "base": ("na56.cu", [], "na56_fwd", SMEM),
+    "qreg": ("na56.cu", ["-DQREG=1"], "na56_fwd", SMEM),  # q.k's A operand (q) in registers
+    "overlap": ("na56.cu", ["-DOVERLAP=1"], "na56_fwd", SMEM),  # the softmax of block i under p.v of block i - 1
+    "overlap_qreg": ("na56.cu", ["-DOVERLAP=1", "-DQREG=1"], "na56_fwd", SMEM),
+    "skip": ("na56.cu", ["-DSKIP=1"], "na56_fwd", SMEM),  # no exponents for a block outside a warp's windows
+    "qreg_skip": ("na56.cu", ["-DQREG=1", "-DSKIP=1"], "na56_fwd", SMEM),
+    "pair": ("na56_pair.cu", [], "na56_pair_fwd", SMEM_PAIR),  # p.v over two blocks: 7 k16 steps, none padded
 }
 
 
-def build(variant: str) -> bytes:
+def build(variant: str) -> tuple[bytes, str, int]:
+    source, macros, kernel, smem = VARIANTS[variant]
     out = Path(tempfile.mkdtemp()) / "na56.cubin"
-    res = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", *VARIANTS[variant], "-o", str(out),
-                          str(HERE / "na56.cu")], check=True, capture_output=True, text=True)
+    res = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", *macros, "-o", str(out),
+                          str(HERE / source)], check=True, capture_output=True, text=True)
     regs = [ln.strip() for ln in res.stderr.splitlines() if "registers" in ln or "spill" in ln]
     print(f"{variant}: {'; '.join(regs)}")
-    return out.read_bytes()
+    return out.read_bytes(), kernel, smem
 
 
 class Na56:
-    def __init__(self, cubin: bytes) -> None:
+    def __init__(self, cubin: bytes, kernel: str = "na56_fwd", smem: int = SMEM) -> None:
         torch.zeros(1, device="cuda")
+        self.smem = smem
         self.mod = ctypes.c_void_p()
         _check(_cuda.cuModuleLoadData(ctypes.byref(self.mod), cubin), "cuModuleLoadData")
         self.fn = ctypes.c_void_p()
-        _check(_cuda.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, b"na56_fwd"), "cuModuleGetFunction")
-        _check(_cuda.cuFuncSetAttribute(self.fn, 8, SMEM), "cuFuncSetAttribute")
+        _check(_cuda.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, kernel.encode()), "cuModuleGetFunction")
+        _check(_cuda.cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute")
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """q, k, v, out: [B, S0, S1, S2, heads, 64] bf16, contiguous; window 11, scale 1/8."""
@@ -107,19 +112,19 @@ class Na56:
                    ctypes.c_float(na_triton.SHIFT_MAX)]
         params = (ctypes.c_void_p * 13)(tq.ptr, tk.ptr, tv.ptr, *[ctypes.addressof(x) for x in scalars])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        _check(_cuda.cuLaunchKernel(self.fn, tiles, b * heads, 1, 128, 1, 1, SMEM, stream, params, None),
+        _check(_cuda.cuLaunchKernel(self.fn, tiles, b * heads, 1, 128, 1, 1, self.smem, stream, params, None),
                "cuLaunchKernel")
         return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="base,qreg,overlap,overlap_qreg")
+    ap.add_argument("--variants", default="base,qreg,overlap,overlap_qreg")  # also skip, qreg_skip, pair
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shape", default="40,96,96")
     ap.add_argument("--heads", type=int, default=4)
     a = ap.parse_args()
-    kerns = {name: Na56(build(name)) for name in a.variants.split(",")}
+    kerns = {name: Na56(*build(name)) for name in a.variants.split(",")}
     spatial = tuple(int(x) for x in a.shape.split(","))
     case = Case("DiffVAE stage-5 tile", spatial, a.heads, 64, (11, 11, 11))
     dev = torch.device("cuda")
