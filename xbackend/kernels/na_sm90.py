@@ -28,7 +28,8 @@ import torch
 
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
 
-__all__ = ["ENABLED", "KV_TILE", "MAX_WINDOW", "Q_TILE", "available", "build_log", "layout_reason", "shift_launch", "supports"]
+__all__ = ["ENABLED", "KV_TILE", "MAX_WINDOW", "Q_TILE", "CudaKernelUnavailable", "available", "build_log", "layout_reason",
+           "shift_launch", "supports", "takes"]
 
 _EXT = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
                     gencode=("-gencode=arch=compute_90a,code=sm_90a",))
@@ -91,6 +92,12 @@ def supports(q3: torch.Tensor, *args) -> str | None:
     return layout_reason(q3, *args)
 
 
+def takes(q3: torch.Tensor, *args) -> bool:
+    """Whether na_triton's shift launch for these arguments (``supports``'s) is this kernel's: switched
+    on, supported, and the extension built."""
+    return ENABLED and supports(q3, *args) is None and available() is None
+
+
 def shift_launch(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch.Tensor, knorm: torch.Tensor,
                  flags: torch.Tensor, kernel_size: tuple[int, int, int], qk_scale: float, shift_max: float) -> None:
     """The shift launch on the current stream of q's device (which must be the current device).
@@ -102,5 +109,3 @@ def shift_launch(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch
     mod.shift(q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), o3.data_ptr(), knorm.data_ptr(), flags.data_ptr(),
               b, s0, s1, s2, heads, *kernel_size, float(qk_scale), float(shift_max), stream)
 
-
-__all__ += ["CudaKernelUnavailable"]

@@ -248,9 +248,7 @@ def neighborhood_attention(
             launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
                                             POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
                                             **schedule)
-    if (shift and q.is_cuda and na_sm90.ENABLED
-            and na_sm90.supports(q3, k3, v3, o3, ks, dil, causal, st, float(scale), tq) is None
-            and na_sm90.available() is None):
+    if shift and na_sm90.takes(q3, k3, v3, o3, ks, dil, causal, st, float(scale), tq):
         # The shift launch in 56-key blocks (CUDA C++, sm_90a): the same walk and flags, 1/8 fewer q.k pairs.
         launches[0] = functools.partial(na_sm90.shift_launch, q3, k3, v3, o3, knorm, flags, ks,
                                         float(scale) * _LOG2E, SHIFT_MAX)
