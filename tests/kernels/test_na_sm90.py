@@ -5,11 +5,9 @@ of test_na_kernels and against na_triton's own shift launch."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -62,13 +60,11 @@ def test_layout_needs_contiguous_tensors():
 
 
 @pytest.mark.parametrize(("value", "enabled"), [(None, False), ("0", False), ("1", True)])
-def test_enabled_only_when_opted_in(value: str | None, enabled: bool):
-    env = {k: v for k, v in os.environ.items() if k != "XBACKEND_NA_SM90"}
+def test_switched_on_only_when_opted_in(value: str | None, enabled: bool, monkeypatch):
+    monkeypatch.delenv(na_sm90.SWITCH, raising=False)
     if value is not None:
-        env["XBACKEND_NA_SM90"] = value
-    res = subprocess.run([sys.executable, "-c", "from xbackend.kernels import na_sm90; print(na_sm90.ENABLED)"],
-                         env=env, capture_output=True, text=True, check=True)
-    assert res.stdout.strip() == str(enabled)
+        monkeypatch.setenv(na_sm90.SWITCH, value)
+    assert na_sm90.switched_on() is enabled
 
 
 def test_supports_needs_an_sm90_gpu():
@@ -108,7 +104,7 @@ CASES = [
 def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monkeypatch):
     from xbackend.kernels import na_triton
 
-    monkeypatch.setattr(na_sm90, "ENABLED", True)
+    monkeypatch.setenv(na_sm90.SWITCH, "1")
     assert na_sm90.available() is None, na_sm90.build_log()
     q, k, v = make_qkv(spatial, heads, 64, torch.bfloat16, seed=3, device="cuda", batch=batch)
     dil, causal = (1, 1, 1), (False, False, False)
@@ -121,7 +117,7 @@ def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monk
     assert calls, "na_triton did not take the sm90 shift launch"
     ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal)
     assert rel_err(out, ref) < 5e-3
-    monkeypatch.setattr(na_sm90, "ENABLED", False)
+    monkeypatch.setenv(na_sm90.SWITCH, "0")
     triton_out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=config)
     assert rel_err(out, triton_out) < 2e-3
 
@@ -133,7 +129,7 @@ def test_gpu_flagged_tiles_take_the_online_walk(monkeypatch):
     nothing here and are redone by na_triton's online launch; the result is right everywhere."""
     from xbackend.kernels import na_triton
 
-    monkeypatch.setattr(na_sm90, "ENABLED", True)
+    monkeypatch.setenv(na_sm90.SWITCH, "1")
     spatial, kernel = (12, 16, 16), (11, 11, 11)
     q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=4, device="cuda")
     q[:, :4, :4] *= 40.0  # the first tiles' rows

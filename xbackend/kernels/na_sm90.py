@@ -9,7 +9,7 @@ otherwise: each row shifted by its Cauchy-Schwarz bound, a tile with a looser bo
 na_triton's online launch through the same flags.
 
 ``na_triton.neighborhood_attention`` takes it for the shift launch where ``supports`` says so, the
-extension builds (``available``) and ``ENABLED`` is set (``XBACKEND_NA_SM90=1``). The extension is
+extension builds (``available``) and ``switched_on()`` (``XBACKEND_NA_SM90=1``). The extension is
 built on first use for ``sm_90a`` only (wgmma and TMA are that target's).
 
 The experiment this kernel is built from (``lab/gpu/na56/na56.cu``, the same walk at extents that are
@@ -28,21 +28,26 @@ import torch
 
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
 
-__all__ = ["ENABLED", "KV_TILE", "MAX_WINDOW", "Q_TILE", "CudaKernelUnavailable", "available", "build_log", "layout_reason",
-           "shift_launch", "supports", "takes"]
+__all__ = ["KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernelUnavailable", "available", "build_log",
+           "layout_reason", "shift_launch", "supports", "switched_on", "takes"]
 
 _EXT = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
                     gencode=("-gencode=arch=compute_90a,code=sm_90a",))
 
-# Off unless XBACKEND_NA_SM90=1 (or set here): this form of the kernel (ragged tiles, runtime windows,
-# the C++ tensor maps and binding) has not yet run on an sm90 GPU; the experiment it is built from
-# has, at the stage-5 tile (lab/gpu/na56, lab/results/h200/na56_2.txt). tests/kernels/test_na_sm90.py's
-# GPU tests set it for their calls.
-ENABLED = os.environ.get("XBACKEND_NA_SM90", "0") == "1"
+# Off unless XBACKEND_NA_SM90=1: this form of the kernel (ragged tiles, runtime windows, the C++ tensor
+# maps and binding) has not yet run on an sm90 GPU; the experiment it is built from has, at the stage-5
+# tile (lab/gpu/na56, lab/results/h200/na56_2.txt). Read at each call, so a test, or the fleet's
+# capture of a deployment's environment, can set it without reimporting.
+SWITCH = "XBACKEND_NA_SM90"
 # A tile's key box along axis 2 is window + 3 keys, and one 14-key block must cover it.
 MAX_WINDOW = 11
 Q_TILE = (4, 4, 4)
 KV_TILE = (2, 2, 14)  # the key blocks of q.k (p.v pads each to 64 keys)
+
+
+def switched_on() -> bool:
+    """Whether the environment opts in (``XBACKEND_NA_SM90=1``)."""
+    return os.environ.get(SWITCH, "0") == "1"
 
 
 def build_log() -> str | None:
@@ -95,7 +100,7 @@ def supports(q3: torch.Tensor, *args) -> str | None:
 def takes(q3: torch.Tensor, *args) -> bool:
     """Whether na_triton's shift launch for these arguments (``supports``'s) is this kernel's: switched
     on, supported, and the extension built."""
-    return ENABLED and supports(q3, *args) is None and available() is None
+    return switched_on() and supports(q3, *args) is None and available() is None
 
 
 def shift_launch(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch.Tensor, knorm: torch.Tensor,
