@@ -128,6 +128,63 @@ def test_native_flags_are_the_extensions_own():
         assert f'"{flag}"' in build
 
 
+NA_SM90 = {"XBACKEND_NA_SM90": "1"}
+
+
+@pytest.mark.parametrize(("target", "env", "native"), [
+    ("h200", NA_SM90, True),
+    ("h200", None, False),  # the switch off: na_triton's own shift launch
+    ("b200", NA_SM90, False),  # an sm_90a kernel: never planned for sm100
+])  # fmt: skip
+def test_a_native_launch_inside_a_triton_impl_is_captured_in_its_place(target, env, native):
+    from xbackend.fleet.native import NATIVE_LAUNCHES
+
+    device = simulated(target)
+    stage5, video = fc.run_in_worker(_worker.capture_shapes, device.arch, device.vendor,
+                                     "xbackend.kernels.na_triton:neighborhood_attention",
+                                     "xbackend.kernels.na_triton:supports", "neighborhood_attention", "bfloat16",
+                                     (0, 1), env)  # fmt: skip
+    shift = stage5.launches[1].spec
+    assert (shift == NATIVE_LAUNCHES[0]) is native, stage5.launches
+    assert stage5.launches[2].spec.name == "_na_fwd_kernel"  # the online launch for flagged tiles
+    assert not any(launch.spec in NATIVE_LAUNCHES for launch in video.launches)  # head_dim 128
+
+
+def test_native_launch_rows_on_sm90():
+    """With the switch on, the stage-5 tile's shift launch is na_sm90.cu's kernel, compiled for sm_90a
+    with its dynamic shared memory counted: 4 CTAs of 4 warps an SM, as its __launch_bounds__ asks."""
+    rows = fc.compile_target("h200", simulated("h200"), [_plan("neighborhood_attention", "cuda:na_triton")],
+                             shapes=[0], env=NA_SM90)
+    assert [r["kernel"] for r in rows][0::2] == ["_max_key_norm_kernel", "_na_fwd_kernel"], rows
+    native = rows[1]
+    if native["status"] == "skipped: no nvcc":
+        return
+    assert native["kernel"] == "na_shift_sm90" and native["status"] == "ok" and native["problem"] == "", native
+    assert native["registers"] <= 128 and native["spill_bytes"] == 0 and native["num_warps"] == 4
+    assert native["shared_bytes"] > 55296 and native["occupancy"] == 16, native
+
+
+def test_native_launch_records_match_their_sources():
+    import re
+
+    from xbackend.fleet.native import NATIVE_LAUNCHES
+    from xbackend.kernels import na_sm90
+
+    (launch,) = NATIVE_LAUNCHES
+    src = launch.source
+    text = (Path(fc.__file__).parent.parent / src.path).read_text()
+    consts: dict[str, int] = {}
+    for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", text):
+        consts[name] = eval(expr, {}, dict(consts))  # the kernel's own constexpr arithmetic
+    assert src.dynamic_shared_bytes == consts["kSmem"]
+    assert f"__launch_bounds__({src.block_warps * 32}, " in text
+    assert na_sm90._EXT.gencode == (f"-gencode=arch=compute_90{src.arch_suffix},code=sm_90{src.arch_suffix}",)
+    build = (Path(fc.__file__).parent.parent / "kernels" / "_cuda_build.py").read_text()
+    assert all(f'"{flag}"' in build for flag in src.flags)
+    assert launch.launch == "xbackend.kernels.na_sm90:shift_launch"
+    assert launch.available == "xbackend.kernels.na_sm90:available"
+
+
 def test_unknown_impl_fails_with_a_problem():
     (r,) = fc.compile_target("h200", simulated("h200"), [_plan("rmsnorm", "cuda:nonexistent")])
     assert r["status"].startswith("failed: ") and r["problem"]

@@ -8,7 +8,9 @@ then binds the arguments and derives the specialisation exactly as on the GPU, f
 backend (a stand-in driver reports the target); only ``JITFunction._do_compile``, the step that would
 compile and cache the kernel, is replaced by a recorder. So grid, constexprs, launch options and the
 specialisation (pointer and integer divisibility, integers equal to 1, AMD's 2 GB pointer ranges)
-come from the vendor's launch code and Triton's rules, never from a copy of either.
+come from the vendor's launch code and Triton's rules, never from a copy of either. A CUDA C++ kernel
+that a launch path takes instead of a Triton one (``native.NATIVE_LAUNCHES``) is recorded in its
+place, its build on this host answered as built.
 
 Needs kernels decorated outside Triton's interpreter (``TRITON_INTERPRET`` unset when the kernel
 modules were imported); ``compile.py`` runs this in worker processes started without it.
@@ -17,6 +19,7 @@ modules were imported); ``compile.py`` runs this in worker processes started wit
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
@@ -28,6 +31,8 @@ from typing import Any
 from unittest import mock
 
 import torch
+
+from xbackend.fleet.native import NATIVE_LAUNCHES, NativeLaunch
 
 __all__ = ["Launch", "Specialisation", "capture", "gpu_target", "resolve", "simulated_gpu"]
 
@@ -68,8 +73,8 @@ class Specialisation:
 class Launch:
     """One kernel launch the impl made: what it would compile and on what grid."""
 
-    spec: Specialisation
-    grid: tuple[int, ...]
+    spec: Specialisation | NativeLaunch
+    grid: tuple[int, ...]  # () for a native launch: its host code sizes the grid
 
 
 def gpu_target(arch: str) -> Any:
@@ -173,6 +178,10 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+def _record_native(launches: list[Launch], native: NativeLaunch, *args: Any, **kwargs: Any) -> None:
+    launches.append(Launch(native, ()))
+
+
 @contextlib.contextmanager
 def simulated_gpu(arch: str, vendor: str) -> Iterator[list[Launch]]:
     """Inside: launch code sees a ``vendor`` GPU of ``arch`` as device 0, and every Triton launch is
@@ -231,6 +240,11 @@ def simulated_gpu(arch: str, vendor: str) -> Iterator[list[Launch]]:
         mock.patch.object(torch.cuda, "get_device_capability", lambda device=None: cap),
         mock.patch.object(_triton_launch, "_current_device", lambda: 0),
     ]
+    for native in NATIVE_LAUNCHES:
+        patches += [
+            mock.patch(native.launch.replace(":", "."), functools.partial(_record_native, launches, native)),
+            mock.patch(native.available.replace(":", "."), lambda: None),
+        ]
     try:
         with contextlib.ExitStack() as stack, warnings.catch_warnings():
             # FakeTensor.data_ptr() warns (and returns 0); Triton's specialisation reads _Pointer instead.

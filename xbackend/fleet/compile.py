@@ -6,7 +6,8 @@ report what each uses of the GPU.
 path runs over its op's catalogue of representative inputs (``catalogue.py``) for the simulated device
 (``_capture.py``: the vendor's launch configs, Triton's own specialisation rules), and every
 specialisation it would launch is compiled for the target (cubin for ``sm*``, hsaco for ``gfx*``).
-CUDA C++ impls (``NATIVE``) are compiled with nvcc when it is on PATH. One row per plan x input x
+CUDA C++ impls (``native.NATIVE``) and the CUDA C++ kernels a Triton impl's launch path launches
+(``native.NATIVE_LAUNCHES``) are compiled with nvcc when it is on PATH. One row per plan x input x
 kernel: registers, spills, shared memory / LDS, an occupancy estimate (``_resources.ARCH_LIMITS``), a
 status ("ok", "failed: <first error line>", "skipped: <why>") and a ``problem`` that is non-empty when
 the kernel failed to compile or spills without a waiver (``WAIVERS``).
@@ -26,7 +27,6 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import fnmatch
-import hashlib
 import multiprocessing
 import os
 import sys
@@ -38,6 +38,7 @@ from typing import Any
 from xbackend._device import Device
 from xbackend.fleet import _resources, _worker
 from xbackend.fleet._worker import CaptureResult, CompileResult
+from xbackend.fleet.native import NATIVE, NativeLaunch, NativeSource, native_key
 
 __all__ = [
     "NATIVE",
@@ -81,28 +82,6 @@ WAIVERS: dict[tuple[str, str], str] = {
     "the registered impl never launches it",
 }
 
-
-@dataclass(frozen=True)
-class NativeSource:
-    """A CUDA C++ file whose kernels an impl launches."""
-
-    path: str  # relative to the xbackend package
-    flags: tuple[str, ...]  # nvcc flags besides the arch
-    block_warps: int  # warps per block of its default launch, for the occupancy estimate
-    # The C++ element type of each dtype: a plan reports the instantiations whose first template
-    # argument is its dtype's.
-    types: tuple[tuple[str, str], ...] = (("bfloat16", "__nv_bfloat16"), ("float16", "__half"), ("float32", "float"))
-
-    def instantiates(self, kernel: str, dtype: str) -> bool:
-        ctype = dict(self.types).get(dtype)
-        return ctype is None or "<" not in kernel or kernel.split("<", 1)[1].split(",")[0].strip(" >") == ctype
-
-
-NATIVE: dict[str, NativeSource] = {
-    # The extension's own nvcc flags (_cuda_build.JitExtension._build) and its default 128-thread
-    # blocks (kBlockThreads in gated_residual.cu).
-    "cuda:cuda_vec": NativeSource("kernels/gated_residual.cu", ("-O3", "--fmad=false"), 4),
-}
 
 # Impls (fnmatch over "backend:impl") whose kernels are not built from this repository's sources.
 NOT_COMPILED: dict[str, str] = {
@@ -244,12 +223,6 @@ _CAPTURED: dict[tuple[Any, ...], list[CaptureResult]] = {}  # (arch, op, impl, d
 _NATIVE_RESULTS: dict[tuple[str, str, tuple[str, ...], str], list[CompileResult]] = {}  # (path, arch, flags, sha)
 
 
-def _native_key(src: NativeSource, arch: str) -> tuple[str, str, tuple[str, ...], str]:
-    path = Path(__file__).resolve().parent.parent / src.path
-    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
-    return (str(path), arch, src.flags, digest)
-
-
 def run_in_worker(fn: Any, *args: Any, workers: int | None = None, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` in a compile worker (a module-level function of ``_worker``: the worker
     runs without ``TRITON_INTERPRET``, so Triton kernels there are compilable)."""
@@ -313,12 +286,15 @@ def compile_target(
     *,
     shapes: int | Sequence[int] | None = None,
     workers: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Compile every kernel ``plans`` would launch on ``device`` (``target`` labels the rows: "b200").
 
     ``shapes``: only the first N catalogue inputs of each op (or these indices); ``workers``: compile
-    processes (default: this host's cores, at most 8). Returns one ``KernelRow.to_dict()`` per plan x
-    input x kernel, in plan order.
+    processes (default: this host's cores, at most 8); ``env``: variables set in the workers while the
+    launch paths run (a deployment's switches, e.g. ``XBACKEND_NA_SM90=1``; the workers otherwise see
+    this process's environment as it was when they started). Returns one ``KernelRow.to_dict()`` per
+    plan x input x kernel, in plan order.
     """
     import xbackend
 
@@ -327,35 +303,43 @@ def compile_target(
     classified = [_classify(p, device, rt) for p in plans]
     needs_pool = any(p.kind in ("triton", "native") for p in classified)
     pool = _pool(workers) if needs_pool else None
+    env_key = tuple(sorted((env or {}).items()))
+
+    natives: dict[tuple[str, str, tuple[str, ...], str], cf.Future | list[CompileResult]] = {}
+
+    def native(src: NativeSource) -> tuple[str, str, tuple[str, ...], str]:
+        key = native_key(src, arch)
+        if key not in natives:
+            natives[key] = _NATIVE_RESULTS.get(key) or pool.submit(
+                _worker.compile_native, key[0], str(Path(key[0]).parent), key[1], src.flags
+            )
+        return key
 
     # 1. Run each distinct (impl, dtype)'s launch path over its catalogue.
     captures: dict[tuple[Any, ...], cf.Future | list[CaptureResult]] = {}
-    natives: dict[tuple[str, str, tuple[str, ...], str], cf.Future | list[CompileResult]] = {}
     for p in classified:
         if p.kind == "triton":
-            key = (arch, p.op, p.chosen, p.dtype, _shape_indices(shapes))
+            key = (arch, p.op, p.chosen, p.dtype, _shape_indices(shapes), env_key)
             if key not in captures:
                 captures[key] = _CAPTURED.get(key) or pool.submit(
-                    _worker.capture_shapes, arch, vendor, p.impl.fn, p.impl.supports, p.op, p.dtype, key[4]
+                    _worker.capture_shapes, arch, vendor, p.impl.fn, p.impl.supports, p.op, p.dtype, key[4], env
                 )
         elif p.kind == "native":
-            src = NATIVE[p.chosen]
-            key = _native_key(src, arch)
-            if key not in natives:
-                natives[key] = _NATIVE_RESULTS.get(key) or pool.submit(
-                    _worker.compile_native, key[0], str(Path(key[0]).parent), arch, src.flags
-                )
+            native(NATIVE[p.chosen])
     for key, found in list(captures.items()):
         if isinstance(found, cf.Future):
             got = _result(found, key[2])
             captures[key] = _CAPTURED[key] = got if isinstance(got, list) else [CaptureResult("-", error=got.error)]
 
-    # 2. Compile each distinct specialisation not compiled before in this process.
-    fresh: set[tuple[str, str]] = set()
+    # 2. Compile each distinct specialisation (and CUDA C++ source) not compiled before in this process.
+    fresh: set[tuple[str, ...]] = set()
     compiles: dict[tuple[str, str], cf.Future] = {}
     for found in captures.values():
         for shape in found:
             for launch in shape.launches:
+                if isinstance(launch.spec, NativeLaunch):
+                    native(launch.spec.source)
+                    continue
                 key = (launch.spec.key(), arch)
                 if key not in _COMPILED and key not in compiles:
                     compiles[key] = pool.submit(_worker.compile_triton, launch.spec, arch)
@@ -371,6 +355,16 @@ def compile_target(
     # 3. Rows, in plan order; a compile counts its seconds on the first row that uses it.
     rows: list[KernelRow] = []
     reported: set[tuple[str, ...]] = set()
+
+    def native_rows(base: dict[str, Any], src: NativeSource, dtype: str, shape: str) -> None:
+        nkey = native_key(src, arch)
+        first = ("native",) + nkey[:2] in fresh and ("native",) + nkey[:2] not in reported
+        reported.add(("native",) + nkey[:2])
+        for res in (r for r in natives[nkey] if src.instantiates(r.kernel, dtype)):
+            if res.error is None and src.dynamic_shared_bytes:
+                res = dataclasses.replace(res, shared_bytes=res.shared_bytes + src.dynamic_shared_bytes)
+            rows.append(_row(base, res.kernel, shape, (), src.block_warps, res, arch, cached=not first))
+
     for p in classified:
         base = dict(target=target, arch=arch, op=p.op, dtype=p.dtype, quality=p.quality, chosen=p.chosen)
         if p.kind in ("skipped", "failed"):
@@ -379,25 +373,9 @@ def compile_target(
                 KernelRow(**base, kernel="-", shape="-", status=status, problem=p.detail if p.kind == "failed" else "")
             )
         elif p.kind == "native":
-            src = NATIVE[p.chosen]
-            nkey = _native_key(src, arch)
-            first = ("native",) + nkey[:2] in fresh and ("native",) + nkey[:2] not in reported
-            reported.add(("native",) + nkey[:2])
-            for res in (r for r in natives[nkey] if src.instantiates(r.kernel, p.dtype)):
-                rows.append(
-                    _row(
-                        base,
-                        res.kernel,
-                        "all inputs (host code picks the instantiation)",
-                        (),
-                        src.block_warps,
-                        res,
-                        arch,
-                        cached=not first,
-                    )
-                )
+            native_rows(base, NATIVE[p.chosen], p.dtype, "all inputs (host code picks the instantiation)")
         else:
-            for shape in captures[(arch, p.op, p.chosen, p.dtype, _shape_indices(shapes))]:
+            for shape in captures[(arch, p.op, p.chosen, p.dtype, _shape_indices(shapes), env_key)]:
                 if shape.error is not None:
                     rows.append(
                         KernelRow(
@@ -420,6 +398,9 @@ def compile_target(
                 elif not shape.launches:
                     rows.append(KernelRow(**base, kernel="-", shape=shape.shape, status="skipped: launched no kernel"))
                 for launch in shape.launches:
+                    if isinstance(launch.spec, NativeLaunch):
+                        native_rows(base, launch.spec.source, p.dtype, shape.shape)
+                        continue
                     key = (launch.spec.key(), arch)
                     res = _COMPILED[key]
                     first = key in fresh and key not in reported
