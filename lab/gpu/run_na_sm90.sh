@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # na_sm90 on an sm90 GPU, in two device calls of under 10 minutes each:
-#   bash lab/gpu/run_na_sm90.sh verify   # build, its GPU tests and the NA GPU tests with it on, lab variants
+#   bash lab/gpu/run_na_sm90.sh verify   # build, its GPU tests and the NA GPU tests with it on, memcheck,
+#                                        # lab variants
 #   bash lab/gpu/run_na_sm90.sh sol      # benchmarks/na_sol.py's plain cases with it on
 # Each step is bounded so one slow step cannot eat the others' time.
 source "$(dirname "$0")/../../benchmarks/_setup.sh"
@@ -17,7 +18,10 @@ PY
     timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p xbackend.testing.pytest_plugin -m gpu -n 8 \
       tests/kernels/test_na_sm90.py tests/kernels/test_na_kernels.py tests/test_neighborhood_attention.py \
       >"$OUT/gpu_tests_na_sm90.txt" 2>&1; tail -5 "$OUT/gpu_tests_na_sm90.txt"
-    timeout "${LAB_TIMEOUT:-200}" python3 lab/gpu/na56/run.py --variants base,pair --rounds 5 2>&1 \
+    sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+    timeout "${SANITIZE_TIMEOUT:-120}" "$sanitizer" --tool memcheck python3 lab/gpu/na_sm90_check.py 2>&1 \
+      | tee "$OUT/na_sm90_memcheck.txt" | tail -8
+    timeout "${LAB_TIMEOUT:-150}" python3 lab/gpu/na56/run.py --variants base,pair --rounds 5 2>&1 \
       | tee "$OUT/na56_pair.txt"
     ;;
   sol)
