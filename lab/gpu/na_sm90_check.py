@@ -1,5 +1,5 @@
 """na_sm90's shift launch on small shapes, for a run under compute-sanitizer (memcheck): ragged tiles,
-unequal windows, an axis of one token, batch 2, and a tile set the bound flags. Each call's output is
+unequal and even windows, an axis of one token, batch 2, and a tile set the bound flags. Each call's output is
 checked against the fp32 reference, so a run that reports no sanitizer error also reports the error.
 
     XBACKEND_NA_SM90=1 compute-sanitizer --tool memcheck python3 lab/gpu/na_sm90_check.py
@@ -24,6 +24,7 @@ SHAPES = [  # spatial, heads, window, batch, scale of the first tiles' queries (
     ((13, 17, 19), 3, (11, 11, 11), 2, 1.0),
     ((11, 20, 14), 2, (7, 9, 11), 1, 1.0),
     ((1, 9, 13), 2, (1, 5, 7), 1, 1.0),
+    ((1, 10, 13), 2, (1, 2, 10), 1, 1.0),
     ((12, 16, 16), 2, (11, 11, 11), 1, 40.0),
 ]
 

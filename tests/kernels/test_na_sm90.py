@@ -94,6 +94,7 @@ CASES = [
     ((11, 20, 14), 2, (7, 9, 11), 1),  # a window as long as its axis; unequal windows
     ((16, 16, 16), 1, (3, 5, 1), 1),
     ((1, 9, 13), 2, (1, 5, 7), 1),  # an axis of one token (a 2-D input)
+    ((1, 10, 13), 2, (1, 2, 10), 1),  # even windows: off-centre, box ks + 3 wide
     ((5, 6, 7), 3, (3, 5, 7), 2),
 ]
 
@@ -144,3 +145,25 @@ def test_gpu_flagged_tiles_take_the_online_walk(monkeypatch):
     ref = reference(q.float(), k.float(), v.float(), kernel, (1, 1, 1), (False,) * 3)
     assert rel_err(out, ref) < 5e-3
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
+def test_gpu_every_tile_flagged_exits_and_is_redone(monkeypatch):
+    """shift_max 0: every tile's bound exceeds it, so every CTA takes the early exit (after its first
+    loads land) and na_triton's online launch computes the whole output."""
+    from xbackend.kernels import na_triton
+
+    monkeypatch.setenv(na_sm90.SWITCH, "1")
+    monkeypatch.setattr(na_triton, "SHIFT_MAX", 0.0)
+    spatial, kernel = (9, 10, 13), (3, 5, 11)
+    q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=6, device="cuda", batch=2)
+    config = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1, 1, 1), (False,) * 3), q_tile=(4, 4, 4),
+                                 tma=True, shift=True)
+    flags = []
+    launch = na_sm90.shift_launch
+    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
+    out = na_triton.neighborhood_attention(q, k, v, kernel, (1, 1, 1), (False,) * 3, None, config=config)
+    assert len(flags) == 1 and bool((flags[0] == 1).all()), flags
+    ref = reference(q.float(), k.float(), v.float(), kernel, (1, 1, 1), (False,) * 3)
+    assert rel_err(out, ref) < 5e-3
