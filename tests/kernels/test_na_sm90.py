@@ -99,27 +99,34 @@ CASES = [
 ]
 
 
+PLAIN = ((1, 1, 1), (False, False, False))  # dilation, causal
+
+
+def _call(q, k, v, kernel, monkeypatch, switch="1"):
+    """na_triton's call with 4 x 4 x 4 tiles and the shift launch, the switch as given; with na_sm90's
+    shift launch recorded: (out, the flags buffer of each na_sm90 launch)."""
+    from xbackend.kernels import na_triton
+
+    monkeypatch.setenv(na_sm90.SWITCH, switch)
+    config = dataclasses.replace(na_triton.config_for(q.shape, kernel, *PLAIN), q_tile=(4, 4, 4), tma=True,
+                                 shift=True)
+    flags = []
+    launch = na_sm90.shift_launch
+    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
+    return na_triton.neighborhood_attention(q, k, v, kernel, *PLAIN, None, config=config), flags
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
 @pytest.mark.parametrize(("spatial", "heads", "kernel", "batch"), CASES)
 def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monkeypatch):
-    from xbackend.kernels import na_triton
-
-    monkeypatch.setenv(na_sm90.SWITCH, "1")
     assert na_sm90.available() is None, na_sm90.build_log()
     q, k, v = make_qkv(spatial, heads, 64, torch.bfloat16, seed=3, device="cuda", batch=batch)
-    dil, causal = (1, 1, 1), (False, False, False)
-    config = dataclasses.replace(na_triton.config_for(q.shape, kernel, dil, causal), q_tile=(4, 4, 4), tma=True,
-                                 shift=True)
-    calls = []
-    launch = na_sm90.shift_launch
-    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (calls.append(1), launch(*a)))
-    out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=config)
-    assert calls, "na_triton did not take the sm90 shift launch"
-    ref = reference(q.float(), k.float(), v.float(), kernel, dil, causal)
-    assert rel_err(out, ref) < 5e-3
-    monkeypatch.setenv(na_sm90.SWITCH, "0")
-    triton_out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, None, config=config)
+    out, flags = _call(q, k, v, kernel, monkeypatch)
+    assert len(flags) == 1, "na_triton did not take the sm90 shift launch"
+    assert rel_err(out, reference(q.float(), k.float(), v.float(), kernel, *PLAIN)) < 5e-3
+    triton_out, flags = _call(q, k, v, kernel, monkeypatch, switch="0")
+    assert not flags
     assert rel_err(out, triton_out) < 2e-3
 
 
@@ -128,22 +135,13 @@ def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monk
 def test_gpu_flagged_tiles_take_the_online_walk(monkeypatch):
     """Large queries in some tiles push their bound past SHIFT_MAX: those tiles are flagged, walk
     nothing here and are redone by na_triton's online launch; the result is right everywhere."""
-    from xbackend.kernels import na_triton
-
-    monkeypatch.setenv(na_sm90.SWITCH, "1")
-    spatial, kernel = (12, 16, 16), (11, 11, 11)
-    q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=4, device="cuda")
+    kernel = (11, 11, 11)
+    q, k, v = make_qkv((12, 16, 16), 2, 64, torch.bfloat16, seed=4, device="cuda")
     q[:, :4, :4] *= 40.0  # the first tiles' rows
-    config = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1, 1, 1), (False,) * 3), q_tile=(4, 4, 4),
-                                 tma=True, shift=True)
-    flags = []
-    launch = na_sm90.shift_launch
-    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
-    out = na_triton.neighborhood_attention(q, k, v, kernel, (1, 1, 1), (False,) * 3, None, config=config)
+    out, flags = _call(q, k, v, kernel, monkeypatch)
     assert len(flags) == 1, "na_triton did not take the sm90 shift launch"
     assert 0 < int(flags[0].sum()) < flags[0].numel()
-    ref = reference(q.float(), k.float(), v.float(), kernel, (1, 1, 1), (False,) * 3)
-    assert rel_err(out, ref) < 5e-3
+    assert rel_err(out, reference(q.float(), k.float(), v.float(), kernel, *PLAIN)) < 5e-3
     assert torch.isfinite(out).all()
 
 
@@ -154,16 +152,9 @@ def test_gpu_every_tile_flagged_exits_and_is_redone(monkeypatch):
     loads land) and na_triton's online launch computes the whole output."""
     from xbackend.kernels import na_triton
 
-    monkeypatch.setenv(na_sm90.SWITCH, "1")
     monkeypatch.setattr(na_triton, "SHIFT_MAX", 0.0)
-    spatial, kernel = (9, 10, 13), (3, 5, 11)
-    q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=6, device="cuda", batch=2)
-    config = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1, 1, 1), (False,) * 3), q_tile=(4, 4, 4),
-                                 tma=True, shift=True)
-    flags = []
-    launch = na_sm90.shift_launch
-    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
-    out = na_triton.neighborhood_attention(q, k, v, kernel, (1, 1, 1), (False,) * 3, None, config=config)
+    kernel = (3, 5, 11)
+    q, k, v = make_qkv((9, 10, 13), 2, 64, torch.bfloat16, seed=6, device="cuda", batch=2)
+    out, flags = _call(q, k, v, kernel, monkeypatch)
     assert len(flags) == 1 and bool((flags[0] == 1).all()), flags
-    ref = reference(q.float(), k.float(), v.float(), kernel, (1, 1, 1), (False,) * 3)
-    assert rel_err(out, ref) < 5e-3
+    assert rel_err(out, reference(q.float(), k.float(), v.float(), kernel, *PLAIN)) < 5e-3
