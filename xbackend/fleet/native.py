@@ -47,10 +47,6 @@ class NativeLaunch:
     available: str
     source: NativeSource
 
-    @property
-    def name(self) -> str:
-        return Path(self.source.path).name
-
 
 NATIVE: dict[str, NativeSource] = {
     # The extension's own nvcc flags (_cuda_build.JitExtension._build) and its default 128-thread
