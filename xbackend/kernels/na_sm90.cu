@@ -146,26 +146,25 @@ __global__ void __launch_bounds__(128, 4)
     }
 
     // This thread's two rows and 14 score columns (the wgmma accumulator layout): row r0 and r0 + 8,
-    // columns 8 j + 2 (lane % 4) + {0, 1} for j < 7.
+    // columns 8 j + 2 (lane % 4) + {0, 1} for j < 7. Row r is query (r / 16, r / 4 % 4, r % 4) of the
+    // tile, and r0 % 16 < 8: the two rows share their axis-0 and axis-2 windows (one test, not two,
+    // in the block loop) and differ along axis 1.
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
     const float negm0 = -row_bound[r0], negm1 = -row_bound[r1];
-    const int qs0_0 = win_start(min(a0 + (r0 >> 4), N0 - 1), N0, ks0);
-    const int qs0_1 = win_start(min(a0 + (r1 >> 4), N0 - 1), N0, ks0);
+    const int qs0 = win_start(min(a0 + warp, N0 - 1), N0, ks0);
     const int qs1_0 = win_start(min(a1 + ((r0 >> 2) & 3), N1 - 1), N1, ks1);
     const int qs1_1 = win_start(min(a1 + ((r1 >> 2) & 3), N1 - 1), N1, ks1);
-    const int qs2_0 = win_start(min(a2 + (r0 & 3), N2 - 1), N2, ks2);
-    const int qs2_1 = win_start(min(a2 + (r1 & 3), N2 - 1), N2, ks2);
+    const int qs2 = win_start(min(a2 + (lane >> 2 & 3), N2 - 1), N2, ks2);
     // Column slot i (0..13) is key column c = 8 (i / 2) + 2 (lane % 4) + i % 2 of the block's 56, key
     // (c / 28, c / 14 % 2, c % 14) of its 2 x 2 x 14 box. Masks over the 14 slots: each row's axis-2
     // window (fixed for the tile) and each slot's (axis-0, axis-1) offset group.
-    uint32_t wmask0 = 0, wmask1 = 0, g0m = 0, g1m = 0, g2m = 0, g3m = 0;
+    uint32_t wmask = 0, g0m = 0, g1m = 0, g2m = 0, g3m = 0;
 #pragma unroll
     for (int i = 0; i < 14; ++i) {
         const int c = 8 * (i >> 1) + 2 * (lane & 3) + (i & 1);
         const int g = (c / 28) * 2 + (c / 14) % 2;
         const int w = lo2 + c % 14;
-        wmask0 |= (uint32_t)in_win(w, qs2_0, ks2) << i;
-        wmask1 |= (uint32_t)in_win(w, qs2_1, ks2) << i;
+        wmask |= (uint32_t)in_win(w, qs2, ks2) << i;
         g0m |= (uint32_t)(g == 0) << i;
         g1m |= (uint32_t)(g == 1) << i;
         g2m |= (uint32_t)(g == 2) << i;
@@ -210,14 +209,13 @@ __global__ void __launch_bounds__(128, 4)
         }
 
         // exp2(s * scale - bound), -inf (so 0) outside each row's window; row sums per thread.
-        const uint32_t t00 = in_win(c0, qs0_0, ks0), t01 = in_win(c0 + 1, qs0_0, ks0);
-        const uint32_t t10 = in_win(c0, qs0_1, ks0), t11 = in_win(c0 + 1, qs0_1, ks0);
+        const uint32_t t0 = in_win(c0, qs0, ks0), t1 = in_win(c0 + 1, qs0, ks0);
         const uint32_t h00 = in_win(c1, qs1_0, ks1), h01 = in_win(c1 + 1, qs1_0, ks1);
         const uint32_t h10 = in_win(c1, qs1_1, ks1), h11 = in_win(c1 + 1, qs1_1, ks1);
-        const uint32_t m0 = wmask0 & (((t00 & h00) ? g0m : 0) | ((t00 & h01) ? g1m : 0) |
-                                      ((t01 & h00) ? g2m : 0) | ((t01 & h01) ? g3m : 0));
-        const uint32_t m1 = wmask1 & (((t10 & h10) ? g0m : 0) | ((t10 & h11) ? g1m : 0) |
-                                      ((t11 & h10) ? g2m : 0) | ((t11 & h11) ? g3m : 0));
+        const uint32_t m0 = wmask & (((t0 & h00) ? g0m : 0) | ((t0 & h01) ? g1m : 0) |
+                                     ((t1 & h00) ? g2m : 0) | ((t1 & h01) ? g3m : 0));
+        const uint32_t m1 = wmask & (((t0 & h10) ? g0m : 0) | ((t0 & h11) ? g1m : 0) |
+                                     ((t1 & h10) ? g2m : 0) | ((t1 & h11) ? g3m : 0));
 #pragma unroll
         for (int j = 0; j < 7; ++j) {
             const float p0 = ex2(fmaf(s[4 * j + 0], qk_scale, ((m0 >> (2 * j)) & 1) ? negm0 : -INFINITY));
