@@ -21,7 +21,7 @@ PY
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     timeout "${SANITIZE_TIMEOUT:-120}" "$sanitizer" --tool memcheck python3 lab/gpu/na_sm90_check.py 2>&1 \
       | tee "$OUT/na_sm90_memcheck.txt" | tail -8
-    timeout "${LAB_TIMEOUT:-150}" python3 lab/gpu/na56/run.py --variants base,pair --rounds 5 2>&1 \
+    timeout "${LAB_TIMEOUT:-150}" python3 lab/gpu/na56/run.py --variants base,pair,late_refill --rounds 5 2>&1 \
       | tee "$OUT/na56_pair.txt"
     ;;
   sol)

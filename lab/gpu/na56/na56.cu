@@ -31,6 +31,11 @@
 #ifndef OVERLAP
 #define OVERLAP 0
 #endif
+// LATE_REFILL: block i refills the freed slot after issuing its p.v, under the tensor cores, rather
+// than between its q.k wait and its softmax (where the issuing warp holds up the warpgroup's p.v).
+#ifndef LATE_REFILL
+#define LATE_REFILL 0
+#endif
 #ifndef MIN_CTAS
 #define MIN_CTAS 4
 #endif
@@ -295,18 +300,22 @@ extern "C" __global__ void __launch_bounds__(128, MIN_CTAS)
         fence_regs(s);
         fence_regs(acc);
         // The previous block's slot is free once every warp's p.v has read it: refill it.
-        if (i >= 1 && i + STAGES - 1 < n_blocks) {
-            asm volatile("bar.sync 1, 128;" ::: "memory");
-            if (tid == 0) {
-                load_k((i - 1) % STAGES, ek0, ek1);
-                load_v((i - 1) % STAGES, ek0, ek1);
+        auto refill = [&]() {
+            if (i >= 1 && i + STAGES - 1 < n_blocks) {
+                asm volatile("bar.sync 1, 128;" ::: "memory");
+                if (tid == 0) {
+                    load_k((i - 1) % STAGES, ek0, ek1);
+                    load_v((i - 1) % STAGES, ek0, ek1);
+                }
+                step(ek0, ek1);
             }
-            step(ek0, ek1);
-        }
+        };
+        if (!LATE_REFILL) refill();
         softmax(c0, c1);
         pack_p();
         mbar_wait(smem_u32(&full_v[slot]), (i / STAGES) & 1);
         issue_pv(slot);
+        if (LATE_REFILL) refill();
         step(c0, c1);
     }
 #else
