@@ -83,6 +83,51 @@ def test_kernel_compiles_for_sm90a_in_four_ctas_an_sm(tmp_path: Path):
     assert "0 bytes spill stores" in res.stderr, res.stderr
 
 
+CXX = shutil.which("c++") or shutil.which("g++")
+WALK = Path(__file__).with_name("na_sm90_walk.cpp")
+
+
+def _walk_shapes() -> list[tuple[int, ...]]:
+    """Every extent 1-23 with every window 1-11 that fits it, along each axis in turn (the other two
+    axes 7 with window 5, or 4 with window 4: an even window), plus random 3-D shapes."""
+    shapes = []
+    for axis in range(3):
+        for other_n, other_ks in ((7, 5), (4, 4)):
+            for n in range(1, 24):
+                for ks in range(1, min(11, n) + 1):
+                    ns, kss = [other_n] * 3, [other_ks] * 3
+                    ns[axis], kss[axis] = n, ks
+                    shapes.append((*ns, *kss))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        ns = torch.randint(1, 21, (3,), generator=gen).tolist()
+        shapes.append((*ns, *(int(torch.randint(1, min(11, n) + 1, (1,), generator=gen)) for n in ns)))
+    return shapes
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+def test_walk_masks_each_stored_row_to_its_reference_window(tmp_path: Path):
+    """The kernel's index math (na_sm90_walk.cuh) run on the host over every tile, thread and row: the
+    ring loads blocks in the order they are consumed, each stored row's masked columns are one key box
+    of in-range keys, each key once, and the box starts where the op's reference window starts."""
+    from xbackend.ops.neighborhood_attention import axis_windows
+
+    exe = tmp_path / "walk"
+    subprocess.run([CXX, "-std=c++17", "-O2", f"-I{SRC.parent}", str(WALK), "-o", str(exe)], check=True)
+    shapes = _walk_shapes()
+    res = subprocess.run([str(exe)], input="".join(" ".join(map(str, s)) + "\n" for s in shapes),
+                         capture_output=True, text=True, check=True, timeout=300)
+    lines = res.stdout.splitlines()
+    assert len(lines) == len(shapes)
+    for shape, line in zip(shapes, lines, strict=True):
+        head, *axes = line.split(" | ")
+        assert tuple(map(int, head.split())) == shape
+        assert not axes[0].startswith("error"), f"{shape}: {axes[0]}"
+        for axis, got in enumerate(axes):
+            want = axis_windows(shape[axis], shape[3 + axis], 1, False, torch.device("cpu"))[0][:, 0]
+            assert list(map(int, got.split())) == want.tolist(), f"{shape}: axis {axis}"
+
+
 def _sm90() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 

@@ -23,23 +23,19 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
+#include "na_sm90_walk.cuh"
 #include "sm90_ptx.cuh"
 
 namespace {
 
 using namespace xb_sm90;
+using namespace xb_na_sm90;
 
 constexpr int kStages = 3;
 constexpr int kKBytes = 56 * 128;  // a K block: 56 rows of 64 bf16
 constexpr int kVBytes = 64 * 128;  // a V slot: 56 loaded rows and 8 zero rows (p.v's last k16 step)
 constexpr int kQBytes = 64 * 128;
 constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack (swizzle: 1024 B)
-constexpr int kBoxW = 14;
-
-// NATTEN's window start: centred, shifted inward at the axis ends.
-__device__ __forceinline__ int win_start(int m, int n, int ks) { return min(max(m - ks / 2, 0), n - ks); }
-
-__device__ __forceinline__ bool in_win(int key, int start, int ks) { return (unsigned)(key - start) < (unsigned)ks; }
 
 __global__ void __launch_bounds__(128, 4)
     na_shift_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -67,12 +63,10 @@ __global__ void __launch_bounds__(128, 4)
     const int a0 = (tile / (nt1 * nt2)) << 2;
     const int a1 = ((tile / nt2) % nt1) << 2;
     const int a2 = (tile % nt2) << 2;
-    // The tile's key box [lo, hi): its first query's window start to its last query's window end.
-    const int lo0 = win_start(a0, N0, ks0), lo1 = win_start(a1, N1, ks1), lo2 = win_start(a2, N2, ks2);
-    const int hi0 = win_start(min(a0 + 3, N0 - 1), N0, ks0) + ks0;
-    const int hi1 = win_start(min(a1 + 3, N1 - 1), N1, ks1) + ks1;
-    const int nb1 = (hi1 - lo1 + 1) >> 1;
-    const int n_blocks = ((hi0 - lo0 + 1) >> 1) * nb1;
+    const Box box0 = axis_box(a0, N0, ks0), box1 = axis_box(a1, N1, ks1);
+    const int lo0 = box0.lo, lo1 = box1.lo, lo2 = win_start(a2, N2, ks2);
+    const int nb1 = blocks_along(box1);
+    const int n_blocks = blocks_along(box0) * nb1;
     const int col = head * 64;
 
     // V's rows 56-63 stay zero (p's pad columns are zero too: 0 * 0, never 0 * stale bits).
@@ -151,25 +145,9 @@ __global__ void __launch_bounds__(128, 4)
     // in the block loop) and differ along axis 1.
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
     const float negm0 = -row_bound[r0], negm1 = -row_bound[r1];
-    const int qs0 = win_start(min(a0 + warp, N0 - 1), N0, ks0);
-    const int qs1_0 = win_start(min(a1 + ((r0 >> 2) & 3), N1 - 1), N1, ks1);
-    const int qs1_1 = win_start(min(a1 + ((r1 >> 2) & 3), N1 - 1), N1, ks1);
-    const int qs2 = win_start(min(a2 + (lane >> 2 & 3), N2 - 1), N2, ks2);
-    // Column slot i (0..13) is key column c = 8 (i / 2) + 2 (lane % 4) + i % 2 of the block's 56, key
-    // (c / 28, c / 14 % 2, c % 14) of its 2 x 2 x 14 box. Masks over the 14 slots: each row's axis-2
-    // window (fixed for the tile) and each slot's (axis-0, axis-1) offset group.
-    uint32_t wmask = 0, g0m = 0, g1m = 0, g2m = 0, g3m = 0;
-#pragma unroll
-    for (int i = 0; i < 14; ++i) {
-        const int c = 8 * (i >> 1) + 2 * (lane & 3) + (i & 1);
-        const int g = (c / 28) * 2 + (c / 14) % 2;
-        const int w = lo2 + c % 14;
-        wmask |= (uint32_t)in_win(w, qs2, ks2) << i;
-        g0m |= (uint32_t)(g == 0) << i;
-        g1m |= (uint32_t)(g == 1) << i;
-        g2m |= (uint32_t)(g == 2) << i;
-        g3m |= (uint32_t)(g == 3) << i;
-    }
+    const int qs0 = row_start(a0, warp, N0, ks0);
+    const int qs1_0 = row_start(a1, (r0 >> 2) & 3, N1, ks1), qs1_1 = row_start(a1, (r1 >> 2) & 3, N1, ks1);
+    const SlotMasks sm = slot_masks(lane, lo2, row_start(a2, r0 & 3, N2, ks2), ks2);
 
     float acc[32];
 #pragma unroll
@@ -201,21 +179,14 @@ __global__ void __launch_bounds__(128, 4)
                 load_k((i - 1) % kStages, e0, e1);
                 load_v((i - 1) % kStages, e0, e1);
             }
-            e1 += 2;
-            if (e1 >= lo1 + 2 * nb1) {
-                e1 = lo1;
-                e0 += 2;
-            }
+            next_block(e0, e1, lo1, nb1);
         }
 
         // exp2(s * scale - bound), -inf (so 0) outside each row's window; row sums per thread.
         const uint32_t t0 = in_win(c0, qs0, ks0), t1 = in_win(c0 + 1, qs0, ks0);
         const uint32_t h00 = in_win(c1, qs1_0, ks1), h01 = in_win(c1 + 1, qs1_0, ks1);
         const uint32_t h10 = in_win(c1, qs1_1, ks1), h11 = in_win(c1 + 1, qs1_1, ks1);
-        const uint32_t m0 = wmask & (((t0 & h00) ? g0m : 0) | ((t0 & h01) ? g1m : 0) |
-                                     ((t1 & h00) ? g2m : 0) | ((t1 & h01) ? g3m : 0));
-        const uint32_t m1 = wmask & (((t0 & h10) ? g0m : 0) | ((t0 & h11) ? g1m : 0) |
-                                     ((t1 & h10) ? g2m : 0) | ((t1 & h11) ? g3m : 0));
+        const uint32_t m0 = row_mask(sm, t0, t1, h00, h01), m1 = row_mask(sm, t0, t1, h10, h11);
 #pragma unroll
         for (int j = 0; j < 7; ++j) {
             const float p0 = ex2(fmaf(s[4 * j + 0], qk_scale, ((m0 >> (2 * j)) & 1) ? negm0 : -INFINITY));
@@ -238,11 +209,7 @@ __global__ void __launch_bounds__(128, 4)
         for (int k = 0; k < 4; ++k) wgmma_pv(acc, pa[k], dv + 128 * k);  // +16 rows (2048 B) a k16 step
         wg_commit();
 
-        c1 += 2;
-        if (c1 >= lo1 + 2 * nb1) {
-            c1 = lo1;
-            c0 += 2;
-        }
+        next_block(c0, c1, lo1, nb1);
     }
     wg_wait<0>();
     fence_regs(acc);
