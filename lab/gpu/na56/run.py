@@ -70,8 +70,8 @@ VARIANTS = {
     "overlap_qreg": ("na56.cu", ["-DOVERLAP=1", "-DQREG=1"], "na56_fwd", SMEM),
     "skip": ("na56.cu", ["-DSKIP=1"], "na56_fwd", SMEM),  # no exponents for a block outside a warp's windows
     "qreg_skip": ("na56.cu", ["-DQREG=1", "-DSKIP=1"], "na56_fwd", SMEM),
-    "pair": ("na56_pair.cu", [], "na56_pair_fwd", SMEM_PAIR),
-    "late_refill": ("na56.cu", ["-DLATE_REFILL=1"], "na56_fwd", SMEM),  # refill under p.v, not before softmax  # p.v over two blocks: 7 k16 steps, none padded
+    "pair": ("na56_pair.cu", [], "na56_pair_fwd", SMEM_PAIR),  # p.v over two blocks: 7 k16 steps, none padded
+    "late_refill": ("na56.cu", ["-DLATE_REFILL=1"], "na56_fwd", SMEM),  # refill under p.v, not before softmax
 }
 
 
