@@ -172,9 +172,11 @@ def test_native_launch_records_match_their_sources():
 
     (launch,) = NATIVE_LAUNCHES
     src = launch.source
-    text = (Path(fc.__file__).parent.parent / src.path).read_text()
+    path = Path(fc.__file__).parent.parent / src.path
+    text = path.read_text()
+    headers = "".join(path.with_name(h).read_text() for h in re.findall(r'#include "([\w.]+)"', text))
     consts: dict[str, int] = {}
-    for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", text):
+    for name, expr in re.findall(r"constexpr int (\w+) = ([^;]+);", headers + text):
         consts[name] = eval(expr, {}, dict(consts))  # the kernel's own constexpr arithmetic
     assert src.dynamic_shared_bytes == consts["kSmem"]
     assert f"__launch_bounds__({src.block_warps * 32}, " in text

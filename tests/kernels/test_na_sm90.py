@@ -74,8 +74,9 @@ def test_supports_needs_an_sm90_gpu():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_kernel_compiles_for_sm90a_in_four_ctas_an_sm(tmp_path: Path):
     """ptxas -v on the kernel: no spills, at most 128 registers a thread, so four 128-thread CTAs fit
-    an SM's 64 Ki registers (what its 53 KiB of shared memory a CTA allows too), and no wgmma
-    serialized for want of registers (ptxas's C7512 warning: each wgmma then waits for the last)."""
+    an SM's 64 Ki registers (what its 54 KiB of dynamic shared memory a CTA allows too), and no wgmma
+    serialized (ptxas's "wgmma.mma_async instructions are serialized" warnings: each then waits for
+    the one before)."""
     res = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-O3", "--fmad=false",
                           "-Xptxas", "-v", "-o", str(tmp_path / "na.cubin"), str(SRC)],
                          capture_output=True, text=True, check=True)

@@ -15,6 +15,9 @@
 // each row's axis-2 test is a 14-bit mask fixed for the tile; the axis-0/1 tests give each block
 // four (offset0, offset1) groups of columns.
 //
+// The walk's index math (key box, block order, masks) is na_sm90_walk.cuh's, which
+// tests/kernels/na_sm90_walk.cpp runs on the host against the op's reference windows.
+//
 // Inputs (checked by na_sm90.py): bf16, contiguous [B, S0, S1, S2, heads, 64]; window k_i <= 11 and
 // S_i >= k_i; stride 1, no dilation, no causal axis; scale > 0.
 #include <cuda.h>
@@ -32,7 +35,8 @@ using namespace xb_sm90;
 using namespace xb_na_sm90;
 
 constexpr int kStages = 3;
-constexpr int kKBytes = 56 * 128;  // a K block: 56 rows of 64 bf16
+constexpr int kKBytes = 4 * kBoxW * 128;  // a K block: 56 rows of 64 bf16
+static_assert(4 * kBoxW == 56, "q.k is wgmma m64n56k16: a block is 2 x 2 x 14 keys");
 constexpr int kVBytes = 64 * 128;  // a V slot: 56 loaded rows and 8 zero rows (p.v's last k16 step)
 constexpr int kQBytes = 64 * 128;
 constexpr int kSmem = kQBytes + kStages * (kKBytes + kVBytes) + 1024;  // + alignment slack (swizzle: 1024 B)
@@ -63,10 +67,8 @@ __global__ void __launch_bounds__(128, 4)
     const int a0 = (tile / (nt1 * nt2)) << 2;
     const int a1 = ((tile / nt2) % nt1) << 2;
     const int a2 = (tile % nt2) << 2;
-    const Box box0 = axis_box(a0, N0, ks0), box1 = axis_box(a1, N1, ks1);
-    const int lo0 = box0.lo, lo1 = box1.lo, lo2 = win_start(a2, N2, ks2);
-    const int nb1 = blocks_along(box1);
-    const int n_blocks = blocks_along(box0) * nb1;
+    const Walk wk = tile_walk(a0, a1, a2, N0, N1, N2, ks0, ks1, ks2);
+    const int lo2 = wk.lo2, n_blocks = wk.n_blocks;
     const int col = head * 64;
 
     // V's rows 56-63 stay zero (p's pad columns are zero too: 0 * 0, never 0 * stale bits).
@@ -97,9 +99,12 @@ __global__ void __launch_bounds__(128, 4)
     if (tid == 0) {
         mbar_expect_tx(smem_u32(&q_bar), kQBytes);
         tma_load_5d(sq_a, &tq, smem_u32(&q_bar), col, a2, a1, a0, b);  // rows past an axis end: zeros
+        // block_at(wk, i) written out: through the function ptxas allocates the block loop's uniform
+        // registers worse (296 against 288 SASS instructions a block; nvcc 13.0,
+        // lab/gpu/na56/sass_loop.py).
         for (int i = 0; i < kStages && i < n_blocks; ++i) {
-            load_k(i, lo0 + 2 * (i / nb1), lo1 + 2 * (i % nb1));
-            load_v(i, lo0 + 2 * (i / nb1), lo1 + 2 * (i % nb1));
+            load_k(i, wk.lo0 + 2 * (i / wk.nb1), wk.lo1 + 2 * (i % wk.nb1));
+            load_v(i, wk.lo0 + 2 * (i / wk.nb1), wk.lo1 + 2 * (i % wk.nb1));
         }
     }
 
@@ -140,14 +145,10 @@ __global__ void __launch_bounds__(128, 4)
     }
 
     // This thread's two rows and 14 score columns (the wgmma accumulator layout): row r0 and r0 + 8,
-    // columns 8 j + 2 (lane % 4) + {0, 1} for j < 7. Row r is query (r / 16, r / 4 % 4, r % 4) of the
-    // tile, and r0 % 16 < 8: the two rows share their axis-0 and axis-2 windows (one test, not two,
-    // in the block loop) and differ along axis 1.
+    // columns 8 j + 2 (lane % 4) + {0, 1} for j < 7.
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
     const float negm0 = -row_bound[r0], negm1 = -row_bound[r1];
-    const int qs0 = row_start(a0, warp, N0, ks0);
-    const int qs1_0 = row_start(a1, (r0 >> 2) & 3, N1, ks1), qs1_1 = row_start(a1, (r1 >> 2) & 3, N1, ks1);
-    const SlotMasks sm = slot_masks(lane, lo2, row_start(a2, r0 & 3, N2, ks2), ks2);
+    const Rows rows = thread_rows(wk, warp, lane, a0, a1, a2, N0, N1, N2, ks0, ks1, ks2);
 
     float acc[32];
 #pragma unroll
@@ -158,9 +159,10 @@ __global__ void __launch_bounds__(128, 4)
     mbar_wait(smem_u32(&q_bar), 0);
     const uint64_t dq = desc_sw128(sq_a);
 
-    int c0 = lo0, c1 = lo1;
+    int c0 = wk.lo0, c1 = wk.lo1;
     // The next block to load (block kStages), by carried counters: a divide costs ~40 instructions.
-    int e0 = lo0 + 2 * (kStages / nb1), e1 = lo1 + 2 * (kStages % nb1);
+    int e0, e1;
+    block_at(wk, kStages, e0, e1);
     for (int i = 0; i < n_blocks; ++i) {
         const int slot = i % kStages;
         mbar_wait(smem_u32(&full_k[slot]), (i / kStages) & 1);
@@ -179,14 +181,12 @@ __global__ void __launch_bounds__(128, 4)
                 load_k((i - 1) % kStages, e0, e1);
                 load_v((i - 1) % kStages, e0, e1);
             }
-            next_block(e0, e1, lo1, nb1);
+            next_block(wk, e0, e1);
         }
 
         // exp2(s * scale - bound), -inf (so 0) outside each row's window; row sums per thread.
-        const uint32_t t0 = in_win(c0, qs0, ks0), t1 = in_win(c0 + 1, qs0, ks0);
-        const uint32_t h00 = in_win(c1, qs1_0, ks1), h01 = in_win(c1 + 1, qs1_0, ks1);
-        const uint32_t h10 = in_win(c1, qs1_1, ks1), h11 = in_win(c1 + 1, qs1_1, ks1);
-        const uint32_t m0 = row_mask(sm, t0, t1, h00, h01), m1 = row_mask(sm, t0, t1, h10, h11);
+        const Masks mk = block_masks(rows, c0, c1);
+        const uint32_t m0 = mk.m0, m1 = mk.m1;
 #pragma unroll
         for (int j = 0; j < 7; ++j) {
             const float p0 = ex2(fmaf(s[4 * j + 0], qk_scale, ((m0 >> (2 * j)) & 1) ? negm0 : -INFINITY));
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(128, 4)
         for (int k = 0; k < 4; ++k) wgmma_pv(acc, pa[k], dv + 128 * k);  // +16 rows (2048 B) a k16 step
         wg_commit();
 
-        next_block(c0, c1, lo1, nb1);
+        next_block(wk, c0, c1);
     }
     wg_wait<0>();
     fence_regs(acc);
