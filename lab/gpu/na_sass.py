@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from xbackend.fleet import _capture  # noqa: E402
 from xbackend.fleet._resources import nvidia_tool  # noqa: E402
+from xbackend.fleet.native import NativeLaunch  # noqa: E402
 from xbackend.kernels import na_triton as K  # noqa: E402
 
 CASES = {
@@ -66,7 +67,11 @@ def sass_of(case: str, cfg: K.NAConfig, launch_index: int = 0) -> str:
 
     # The shift launch is preceded by the key-norm pass: attention launches only (0: the first, the
     # shift launch when the config shifts; 1: its online launch for flagged tiles).
-    spec = [launch.spec for launch in launches if "key_norm" not in launch.spec.kernel][launch_index]
+    spec = [launch.spec for launch in launches
+            if isinstance(launch.spec, NativeLaunch) or "key_norm" not in launch.spec.kernel][launch_index]
+    if isinstance(spec, NativeLaunch):
+        raise SystemExit(f"attention launch {launch_index} is the CUDA C++ kernel {spec.source.path}: count its "
+                         "loop with lab/gpu/na56/sass_loop.py (or set XBACKEND_NA_SM90=0 for na_triton's)")
     kernel_obj = triton.compile(_capture.ast_source(spec), target=_capture.gpu_target("sm90"), options=dict(spec.options))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel_obj.asm["cubin"])
