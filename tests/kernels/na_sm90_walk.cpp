@@ -37,7 +37,7 @@ std::string run(const int n[3], const int ks[3], std::vector<int> starts[3]) {
             for (int tk = 0; tk < nt[2]; ++tk) {
                 const int a0 = 4 * ti, a1 = 4 * tj, a2 = 4 * tk;
                 const Walk wk = tile_walk(a0, a1, a2, n[0], n[1], n[2], ks[0], ks[1], ks[2]);
-                const int lo0 = wk.lo0, lo1 = wk.lo1, lo2 = wk.lo2;
+                const int lo0 = wk.lo0, lo1 = wk.lo1, lo2 = wk.lo2, corner[3] = {lo0, lo1, lo2};
                 // The consumer's order, and the loader's: blocks 0-2 by index, then its carried counters.
                 std::vector<std::pair<int, int>> eat, load;
                 for (int i = 0, c0 = lo0, c1 = lo1; i < wk.n_blocks; ++i, next_block(wk, c0, c1)) eat.push_back({c0, c1});
@@ -73,7 +73,6 @@ std::string run(const int n[3], const int ks[3], std::vector<int> starts[3]) {
                                     // block's rows are its TMA box [2][2][14], axis 2 fastest.
                                     const int c = 8 * (i / 2) + 2 * (lane % 4) + i % 2;
                                     const int key[3] = {c0 + c / 28, c1 + (c / 14) % 2, lo2 + c % 14};
-                                    const int corner[3] = {lo0, lo1, lo2};
                                     for (int a = 0; a < 3; ++a) {
                                         if (key[a] < 0 || key[a] >= n[a] || key[a] - corner[a] >= bw[a]) {
                                             std::snprintf(msg, sizeof msg,
@@ -126,7 +125,6 @@ std::string run(const int n[3], const int ks[3], std::vector<int> starts[3]) {
                         uhi[a] = q.hi[a] + 1 > uhi[a] ? q.hi[a] + 1 : uhi[a];
                     }
                 }
-                const int corner[3] = {lo0, lo1, lo2};
                 for (int a = 0; a < 3; ++a) {
                     const int want = a < 2 ? 2 * ((uhi[a] - ulo[a] + 1) / 2) : 14;
                     if (corner[a] != ulo[a] || bw[a] != want || uhi[a] - ulo[a] > want) {

@@ -5,37 +5,30 @@ q.k steps, four p.v steps), and of the refill body only the TMA-issuing thread's
     python3 lab/gpu/na56/sass_loop.py xbackend/kernels/na_sm90.cu
     python3 lab/gpu/na56/sass_loop.py lab/gpu/na56/na56.cu -DLATE_REFILL=1
 
-nvdisasm is Triton's copy when ``nvdisasm`` is not on PATH.
+nvdisasm and cuobjdump are Triton's bundled copies, else those on PATH (``nvidia_tool``).
 """
 
 from __future__ import annotations
 
 import collections
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
 
-
-def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    import triton
-
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+from xbackend.fleet._resources import cubin_resources, nvidia_tool  # noqa: E402
 
 
 def loop_counts(source: str, macros: list[str]) -> dict[str, object]:
     cubin = Path(tempfile.mkdtemp()) / "k.cubin"
     subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-O3", "-std=c++17", f"-I{ROOT / 'xbackend' / 'kernels'}",
                     *macros, "-o", str(cubin), source], check=True)
-    usage = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
-    sass = subprocess.run([_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    (res,) = cubin_resources(cubin.read_bytes(), 0).values()
+    sass = subprocess.run([nvidia_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     labels: dict[str, int] = {}
     instr: list[str] = []
     for line in sass.splitlines():
@@ -61,7 +54,7 @@ def loop_counts(source: str, macros: list[str]) -> dict[str, object]:
         refill = labels[target] - (loop[0] + k) - 1
     ops = collections.Counter(x.split()[1] if x.startswith("@") else x.split()[0] for x in body)
     return {
-        "resources": " ".join(re.findall(r"REG:\d+|STACK:\d+", usage)),
+        "resources": f"{res.registers} registers, {res.spill_bytes} B spill",
         "loop": len(body),
         "refill": refill,
         "top": ops.most_common(8),
