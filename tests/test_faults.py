@@ -313,6 +313,28 @@ def test_transient_out_of_memory_does_not_disable_the_impl() -> None:
         assert statuses(rt)[-1] == ("xbackend:reference", "reference")
 
 
+def test_out_of_memory_at_first_use_retries_then_falls_back_for_that_call_only() -> None:
+    state = {"oom": 1}
+
+    def sometimes_oom(x, u, g):
+        if state["oom"]:
+            state["oom"] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return gr.reference(x, u, g)
+
+    x, u, g = inputs()
+    with fresh_runtime([plugin("gated_residual", "oom", sometimes_oom)]) as rt:
+        # One OOM during verification: the retry after emptying the cache verifies the impl.
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert statuses(rt) == [("oom:oom", "verified")]
+    with fresh_runtime([plugin("gated_residual", "oom", sometimes_oom)]) as rt:
+        state["oom"] = 2  # twice: this call is the reference's, nothing cached, the next call verifies
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert statuses(rt) == [("oom:oom", "transient")]
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert statuses(rt)[-1] == ("oom:oom", "verified")
+
+
 def test_the_reference_cannot_be_blocked_or_shadowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XBACKEND_BLOCK", "reference")
     with fresh_runtime(block=None) as rt:

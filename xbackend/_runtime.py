@@ -326,6 +326,7 @@ class Runtime:
                 if attempt == 2:
                     return None, "transient", _one_line(e), fn
                 _empty_cache(spec.device_of(args))
+                continue
             except Exception as e:
                 return None, "raised", _one_line(e), fn
             if reason is None:
