@@ -335,6 +335,27 @@ def test_out_of_memory_at_first_use_retries_then_falls_back_for_that_call_only()
         assert statuses(rt)[-1] == ("oom:oom", "verified")
 
 
+def test_a_forced_impl_out_of_memory_twice_raises_instead_of_answering_with_the_reference() -> None:
+    state = {"oom": 0}
+
+    def sometimes_oom(x, u, g):
+        if state["oom"]:
+            state["oom"] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return gr.reference(x, u, g)
+
+    x, u, g = inputs()
+    for mode in ("first", "always"):
+        with fresh_runtime([plugin("gated_residual", "oom", sometimes_oom)]) as rt, \
+                xbackend.use(gated_residual="oom"), xbackend.verify(mode):
+            gated_residual(x, u, g)
+            state["oom"] = 2
+            with pytest.raises(xbackend.ImplUnusableError, match="forced impl 'oom' ran out of memory"):
+                gated_residual(x, u, g)
+            assert torch.equal(gated_residual(x, u, g), x + u * g)  # a strike: it keeps its place
+            assert ("xbackend:reference", "reference") not in statuses(rt)
+
+
 def test_the_reference_cannot_be_blocked_or_shadowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XBACKEND_BLOCK", "reference")
     with fresh_runtime(block=None) as rt:
