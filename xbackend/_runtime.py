@@ -360,7 +360,7 @@ class Runtime:
         with entry.lock:
             if entry.fn is runner:
                 if status == "transient" and self._strike(spec, entry, impl, reason):
-                    return self._transient_answer(spec, entry, args, reason)
+                    return spec.reference(*args)
                 entry.fn = entry.impl = None
                 self._disable(spec, entry, impl, status, f"on a later call ({entry.mode}): {reason}")
         return self._first_use(spec, entry, args)
@@ -393,7 +393,7 @@ class Runtime:
                 with entry.lock:
                     if entry.fn is fn and entry.impl is not None:
                         if self._strike(spec, entry, entry.impl, _one_line(again)):
-                            return self._transient_answer(spec, entry, args, _one_line(again))
+                            return spec.reference(*args)  # this call only; the impl keeps its place
                         failed, entry.fn, entry.impl = entry.impl, None, None
                         self._disable(spec, entry, failed, "transient", _one_line(again))
                 return self._first_use(spec, entry, args)
@@ -410,14 +410,6 @@ class Runtime:
             return out
         return self._first_use(spec, entry, args)
 
-    def _transient_answer(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...], reason: str) -> Output:
-        """The answer to a call whose impl ran out of memory twice but keeps its place: the reference's,
-        for this call only; a forced impl raises instead, as at first use."""
-        if entry.forced is not None:
-            raise ImplUnusableError(f"{spec.name}: forced impl {entry.forced!r} ran out of memory on "
-                                    f"{entry.described}: {reason}")
-        return spec.reference(*args)
-
     def _strike(self, spec: OpSpec, entry: _Entry, impl: Impl, reason: str) -> bool:
         """Count an out-of-memory failure; True while the impl keeps its place (transient)."""
         strikes = entry.strikes[impl.qualname] = entry.strikes.get(impl.qualname, 0) + 1
@@ -426,6 +418,9 @@ class Runtime:
         self._event(spec, entry, impl, "transient",
                     f"{reason} ({strikes} of {OOM_STRIKES}; retried after emptying the cache, this call "
                     f"fell back)")
+        if entry.forced is not None:  # no fallback for a forced impl, on any call; it keeps its place
+            raise ImplUnusableError(f"{spec.name}: forced impl {entry.forced!r} ran out of memory on "
+                                    f"{entry.described}: {reason}")
         return True
 
     def _disable(self, spec: OpSpec, entry: _Entry, impl: Impl, status: str, reason: str) -> None:
