@@ -560,6 +560,23 @@ def test_a_reference_failure_during_verification_reaches_the_caller_and_disables
         assert statuses(rt) == [("good:good", "verified")]
 
 
+def test_a_reference_failure_during_a_later_check_reaches_the_caller_and_disables_nothing(monkeypatch) -> None:
+    x, u, g = inputs()
+    for forced in (False, True):
+        with fresh_runtime([plugin("gated_residual", "good", gr.reference)]) as rt, xbackend.verify("always"), \
+                xbackend.use(**({"gated_residual": "good"} if forced else {})):
+            gated_residual(x, u, g)
+            spec = gated_residual.spec
+            monkeypatch.setattr(type(spec), "check_output", lambda self, out, args, p: (_ for _ in ()).throw(
+                RuntimeError("CUDA error in the reference (simulated)")))
+            with pytest.raises(RuntimeError, match="in the reference") as raised:
+                gated_residual(x, u, g)
+            assert type(raised.value) is RuntimeError
+            monkeypatch.undo()
+            assert torch.equal(gated_residual(x, u, g), x + u * g)
+            assert statuses(rt) == [("good:good", "verified")]
+
+
 def test_problems_lists_a_failed_plugin_even_when_another_line_contains_its_name() -> None:
     class Broken:
         @xbackend.hookimpl

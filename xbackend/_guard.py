@@ -1,4 +1,5 @@
-"""The guard: one verified call of a candidate impl against the op's reference.
+"""The guard: one verified call of a candidate impl against the op's reference, and the signals the guard
+raises itself (never an impl's failure to fall back from).
 
 A verification call never lets the candidate touch the caller's tensors. Each input storage the call
 reads is copied (the span its views cover) and the candidate runs on views of the copies with the
@@ -24,7 +25,8 @@ import torch
 
 from ._precision import Output
 
-__all__ = ["ALWAYS", "FIRST", "FallbackWarning", "VerifyMode", "env_verify_mode", "isolated_call", "parse_verify_mode"]
+__all__ = ["ALWAYS", "FIRST", "GUARD_SIGNALS", "FallbackWarning", "ImplUnusableError", "ReferenceFailed", "VerifyMode",
+           "cannot_verify_now", "env_verify_mode", "isolated_call", "parse_verify_mode"]
 
 # CUDA's caching allocator hands out blocks aligned to 512 bytes; keeping the copy's offset modulo 512
 # keeps every alignment a kernel can test for (16-byte vector loads, 128-byte lines).
@@ -35,6 +37,28 @@ ENV = "XBACKEND_VERIFY"
 class FallbackWarning(UserWarning):
     """An impl failed its check (wrong output, mutated input, raised) and the call fell back.
     ``python -W error::xbackend.FallbackWarning`` turns every fallback into an error."""
+
+
+class ImplUnusableError(RuntimeError):
+    """A forced impl (``xbackend.use``) cannot take this call."""
+
+
+# Raised by the guard itself, never an impl's failure to fall back from: a forced impl that cannot run,
+# and a fallback turned into an error by ``-W error::xbackend.FallbackWarning``.
+GUARD_SIGNALS = (ImplUnusableError, FallbackWarning)
+
+
+class ReferenceFailed(Exception):
+    """The reference raised (its ``__cause__``) while a later-call check compared a verified impl with
+    it: the caller's error, which the runtime raises instead of blaming the impl."""
+
+
+def cannot_verify_now(args: tuple[Any, ...], spec: Any) -> bool:
+    """Under a compile trace or a CUDA graph capture: no place to compare (it would sync)."""
+    if torch.compiler.is_compiling():
+        return True
+    device = spec.device_of(args)
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 @dataclass(frozen=True)

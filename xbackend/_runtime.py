@@ -23,7 +23,15 @@ import torch
 
 from . import _fastkey
 from ._device import Device, device_families, probe, simulated
-from ._guard import FallbackWarning, VerifyMode, isolated_call
+from ._guard import (
+    GUARD_SIGNALS,
+    FallbackWarning,
+    ImplUnusableError,
+    ReferenceFailed,
+    VerifyMode,
+    cannot_verify_now,
+    isolated_call,
+)
 from ._opspec import OpSpec, describe_args
 from ._plugins import CORE, ENTRY_POINT_GROUP, RESERVED_PLUGINS, Plugins, PluginStatus, env_flag, env_list
 from ._policy import _POLICY, REFERENCE, Policy
@@ -44,15 +52,6 @@ _MAX_EVENTS = 4096  # report() keeps the latest events; the count of older ones 
 # for a key only after this many retries ran out of memory too, with no successful retry between.
 OOM_STRIKES = 3
 _PRIORITY_FLOOR = -(2**31)  # the reference's priority: below anything a plugin can register
-
-class ImplUnusableError(RuntimeError):
-    """A forced impl (``xbackend.use``) cannot take this call."""
-
-
-# Raised by the guard itself, never an impl's failure to fall back from: a forced impl that cannot run,
-# and a fallback turned into an error by ``-W error::xbackend.FallbackWarning``.
-GUARD_SIGNALS = (ImplUnusableError, FallbackWarning)
-
 
 @dataclass
 class Event:
@@ -292,7 +291,7 @@ class Runtime:
                     entry.fn, entry.impl = impl.fn, impl
                     self._event(spec, entry, impl, "reference")
                 return impl.fn(*args)
-            if _cannot_verify_now(args, spec):
+            if cannot_verify_now(args, spec):
                 # A CUDA graph capture or a compile trace is no place to compare (it would sync);
                 # run the reference now and verify on a later eager call.
                 self._event(spec, entry, impl, "unverified", "first use during capture/trace; ran the reference")
@@ -346,9 +345,12 @@ class Runtime:
         calls = entry.calls
 
         def checked(*args: Any) -> Output:
-            if next(calls) % every or _cannot_verify_now(args, spec):
+            if next(calls) % every or cannot_verify_now(args, spec):
                 return fn(*args)
-            out, status, reason, _ = self._check(spec, impl, args)
+            try:
+                out, status, reason, _ = self._check(spec, impl, args)
+            except Exception as e:  # only the reference's comparison raises out of _check
+                raise ReferenceFailed from e
             if status == "verified":
                 return out
             return self._recheck_failed(spec, entry, impl, checked, args, status, reason)
@@ -374,6 +376,8 @@ class Runtime:
         return self._failed(spec, entry, args, error, fn)
 
     def _failed(self, spec: OpSpec, entry: _Entry, args: tuple[Any, ...], error: Exception, fn: Any) -> Output:
+        if isinstance(error, ReferenceFailed):
+            raise error.__cause__ from None
         retry = False
         with entry.lock:
             if entry.fn is fn:  # the first thread to see this callable fail handles it; the others retry
@@ -399,6 +403,8 @@ class Runtime:
                 return self._first_use(spec, entry, args)
             except GUARD_SIGNALS:
                 raise
+            except ReferenceFailed as e:
+                raise e.__cause__ from None
             except Exception as other:
                 with entry.lock:
                     if entry.fn is fn and entry.impl is not None:
@@ -457,13 +463,6 @@ def _one_line(error: BaseException) -> str:
 def _empty_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def _cannot_verify_now(args: tuple[Any, ...], spec: OpSpec) -> bool:
-    if torch.compiler.is_compiling():
-        return True
-    device = spec.device_of(args)
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 _current: Runtime | None = None
