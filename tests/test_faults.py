@@ -82,6 +82,38 @@ def test_an_output_aliasing_an_input_is_rejected() -> None:
     assert "sharing memory with input 'x'" in rt.events[0].detail
 
 
+def test_an_empty_input_returned_as_the_output_is_rejected() -> None:
+    def shortcut(x, u, g):
+        return x if x.numel() == 0 else gr.reference(x, u, g)
+
+    x, u, g = torch.zeros(0, 8, 64), torch.zeros(0, 8, 64), torch.ones(1, 1, 64)
+    with fresh_runtime([plugin("gated_residual", "early", shortcut)]) as rt:
+        out = gated_residual(x, u, g)
+        assert out is not x and out.shape == x.shape
+        assert statuses(rt)[0] == ("early:early", "mismatch")
+        assert "sharing memory with input 'x'" in rt.events[0].detail
+        xg = x.clone().requires_grad_()
+        gated_residual(xg, u, g).sum().backward()  # torch's custom-op aliasing check would refuse x
+
+
+def test_outputs_sharing_one_storage_are_rejected() -> None:
+    from xbackend.ops import add_rmsnorm as ar
+
+    def one_buffer(x, update, weight, eps, flavour, scale, shift):
+        h, y = ar.reference(x, update, weight, eps, flavour, scale, shift)
+        buf = torch.stack((h, y))  # disjoint halves of one allocation, as a fused kernel might write them
+        return buf[0], buf[1]
+
+    x, u, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+    with fresh_runtime([plugin("add_rmsnorm", "fused", one_buffer)]) as rt:
+        xbackend.get_op("add_rmsnorm")(x, u, w)
+        assert statuses(rt)[0] == ("fused:fused", "mismatch")
+        assert "output 1 sharing memory with output 0" in rt.events[0].detail
+        xg = x.clone().requires_grad_()
+        h, y = xbackend.get_op("add_rmsnorm")(xg, u, w)
+        (h.sum() + y.sum()).backward()
+
+
 def test_copies_keep_strides_offsets_and_shared_storage() -> None:
     seen = {}
 

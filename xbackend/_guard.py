@@ -175,24 +175,39 @@ def _outputs(out: Output) -> list[torch.Tensor]:
     return []
 
 
-def side_effects(out: Output, copies: list[_Copy]) -> str | None:
-    """Why an isolated call is unacceptable (it wrote into an input, or returned an input's memory),
-    or None."""
+def side_effects(out: Output, copies: list[_Copy], inputs: dict[str, torch.Tensor] | None = None) -> str | None:
+    """Why an isolated call is unacceptable (it wrote into an input, or returned an input's memory, or
+    two outputs over one storage), or None. ``inputs``: the isolated call's tensor arguments by name
+    (the empty ones have no copy)."""
     for c in copies:
         if not torch.equal(c.data, c.original):
             return f"modified its input {' / '.join(repr(n) for n in c.names)} in place"
-    for o in _outputs(out):
+    # Storage identity, as torch's custom-op aliasing check judges it (an op's outputs are new tensors,
+    # so the custom op would reject them on its autograd path), empty tensors included.
+    owners = {t.untyped_storage()._cdata: f"input {name!r}" for name, t in (inputs or {}).items()}
+    # Overlap by address too: DLPack, numpy or set_() views of a copy are other storage objects over
+    # the same memory.
+    taken = [(c.data.device, c.data.data_ptr(), c.data.data_ptr() + c.data.numel(),
+              f"input {' / '.join(repr(n) for n in c.names)}") for c in copies]
+    for j, o in enumerate(_outputs(out)):
+        owner = owners.setdefault(o.untyped_storage()._cdata, f"output {j}")
+        if owner != f"output {j}":
+            return _shared(j, owner)
         if not o.numel():
             continue
         lo, hi = _span(o)
         lo, hi = o.data_ptr(), o.data_ptr() + (hi - lo)  # the output's bytes, as addresses
-        for c in copies:
-            base = c.data.data_ptr()
-            # Overlap by address, not storage identity: DLPack, numpy or set_() views of a copy are
-            # other storage objects over the same memory.
-            if o.device == c.data.device and lo < base + c.data.numel() and base < hi:
-                return f"returned an output sharing memory with input {' / '.join(repr(n) for n in c.names)}"
+        for device, base, end, what in taken:
+            if device == o.device and lo < end and base < hi:
+                return _shared(j, what)
+        taken.append((o.device, lo, hi, f"output {j}"))
     return None
+
+
+def _shared(j: int, owner: str) -> str:
+    if owner.startswith("output"):
+        return f"returned output {j} sharing memory with {owner} (outputs must be new tensors)"
+    return f"returned an output sharing memory with {owner}"
 
 
 def isolated_call(fn: Any, args: tuple[Any, ...], tensor_args: tuple[int, ...],
@@ -200,5 +215,6 @@ def isolated_call(fn: Any, args: tuple[Any, ...], tensor_args: tuple[int, ...],
     """Run ``fn`` on private copies of ``args``' tensors: (its output, why it is unacceptable or None)."""
     inputs, copies = isolated_inputs(args, tensor_args, names)
     out = fn(*inputs)
-    return out, side_effects(out, copies)
+    tensors = {names[i]: inputs[i] for i in tensor_args if isinstance(inputs[i], torch.Tensor)}
+    return out, side_effects(out, copies, tensors)
 
