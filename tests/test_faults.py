@@ -114,6 +114,25 @@ def test_outputs_sharing_one_storage_are_rejected() -> None:
         (h.sum() + y.sum()).backward()
 
 
+def test_an_output_laid_out_unlike_the_fake_and_the_reference_is_rejected() -> None:
+    def padded_rows(x, u, g):  # right values in rows padded to 72 elements: a view no caller can .view()
+        out = torch.empty(*x.shape[:-1], 72, dtype=x.dtype)[..., :64]
+        return out.copy_(gr.reference(x, u, g))
+
+    def as_reference(x, u, g):  # a transposed x: the reference keeps its layout, and so may an impl
+        return gr.reference(x, u, g)
+
+    x, u, g = inputs()
+    with fresh_runtime([plugin("gated_residual", "padded", padded_rows)]) as rt:
+        out = gated_residual(x, u, g)
+        assert out.is_contiguous() and statuses(rt)[0] == ("padded:padded", "mismatch")
+        assert "output 0 has strides (576, 72, 1); expected contiguous" in rt.events[0].detail
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)
+    with fresh_runtime([plugin("gated_residual", "same", as_reference)]) as rt:
+        assert not gated_residual(xt, u, g).is_contiguous()
+        assert statuses(rt) == [("same:same", "verified")]
+
+
 def test_copies_keep_strides_offsets_and_shared_storage() -> None:
     seen = {}
 
@@ -467,6 +486,17 @@ def test_an_unhashable_argument_gets_the_ops_error() -> None:
     with fresh_runtime():
         with pytest.raises(TypeError, match="rmsnorm: argument 'eps' expected a float, got list"):
             rmsnorm(torch.randn(2, 4), None, [1e-6])
+
+
+def test_bad_arguments_get_the_same_error_on_the_autograd_and_compile_paths() -> None:
+    x = torch.randn(2, 8)
+    with fresh_runtime():
+        for t in (x, x.clone().requires_grad_()):
+            with pytest.raises(TypeError, match="rmsnorm: argument 'eps' expected a float, got bool"):
+                rmsnorm(t, None, True)
+        torch._dynamo.reset()
+        with torch.no_grad(), pytest.raises(Exception, match="rmsnorm: argument 'eps' expected a float, got bool"):
+            torch.compile(lambda t: rmsnorm(t, None, True), backend="eager", fullgraph=True)(x)
 
 
 def test_help_shows_the_ops_own_doc_and_signature() -> None:

@@ -58,8 +58,10 @@ class Op:
                     raise
                 raise error from None
         if _grad_enabled() and self.spec.needs_grad(a):
+            self.spec.check(*a)  # before the dispatcher converts the arguments to its schema's types
             return self._custom_op(*a)
         if _is_compiling():  # a graph node without custom_op's per-call Python layers (no grad to record)
+            self.spec.check(*a)  # metadata only: traced once, into guards
             return self._infer_op(*a)
         # The cache-hit path of Runtime.dispatch: the key (C++ or Python, whichever _fastkey fixed for
         # this process), one lookup, the verified callable. Dispatch's host cost is most of a small

@@ -74,8 +74,25 @@ class OpSpec:
     def check_output(self, out: Output, args: tuple[Any, ...], precision: Precision) -> str | None:
         """The guard's comparison of an impl's output with the reference on the same inputs."""
         if self.verify is not None:
-            return self.verify(out, args, precision)
-        return compare(out, self.reference(*args), precision)
+            return self.verify(out, args, precision) or _layout(out, None)
+        ref = self.reference(*args)
+        return compare(out, ref, precision) or _layout(out, ref)
+
+
+def _layout(out: Output, ref: Output | None) -> str | None:
+    """Why ``out``'s layout breaks the op's: each output tensor contiguous (what the fake impls, and the
+    custom op's kernel, promise) or strided as the reference's (an eager reference keeps its inputs'
+    layout), or None. A value check alone would let a padded-row view through to eager callers."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,) * len(outs)
+    for j, (o, r) in enumerate(zip(outs, refs, strict=False)):
+        if not isinstance(o, torch.Tensor) or o.is_contiguous():
+            continue
+        if isinstance(r, torch.Tensor) and o.stride() == r.stride():
+            continue
+        like = f" or the reference's {tuple(r.stride())}" if isinstance(r, torch.Tensor) and not r.is_contiguous() else ""
+        return f"output {j} has strides {tuple(o.stride())}; expected contiguous{like}"
+    return None
 
 
 def describe_args(args: tuple[Any, ...]) -> str:
