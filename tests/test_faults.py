@@ -499,6 +499,31 @@ def test_bad_arguments_get_the_same_error_on_the_autograd_and_compile_paths() ->
             torch.compile(lambda t: rmsnorm(t, None, True), backend="eager", fullgraph=True)(x)
 
 
+def test_a_sparse_or_mkldnn_tensor_gets_the_ops_error() -> None:
+    x, u, g = (t.float() for t in inputs())
+    with fresh_runtime():
+        for bad in (x.to_sparse(), x.to_mkldnn()):
+            with pytest.raises(TypeError, match="gated_residual: argument 'x' expected a dense .strided. tensor"):
+                gated_residual(bad, u, g)
+
+
+def test_meta_tensors_run_the_reference_and_blame_no_impl() -> None:
+    class Portable:
+        @xbackend.hookimpl
+        def xbackend_register_impls(self, registrar):
+            registrar.register(op="gated_residual", name="portable", fn=gr.reference, devices="*")
+
+    meta = torch.empty(2, 8, 64, device="meta")
+    with fresh_runtime([("p", Portable())]) as rt, warnings.catch_warnings():
+        warnings.simplefilter("error", xbackend.FallbackWarning)
+        out = gated_residual(meta, meta, meta[:, :1])
+        assert out.device.type == "meta" and out.shape == meta.shape
+        assert statuses(rt) == [("p:portable", "unverified")] and "meta tensors" in rt.events[0].detail
+        x, u, g = inputs()
+        assert torch.equal(gated_residual(x, u, g), x + u * g)
+        assert statuses(rt)[-1] == ("p:portable", "verified")
+
+
 def test_help_shows_the_ops_own_doc_and_signature() -> None:
     import inspect
 

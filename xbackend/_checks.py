@@ -25,6 +25,8 @@ def shape_str(t: torch.Tensor) -> str:
 def tensor(op: str, arg: str, t: object, *, min_dim: int = 1) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise fail(op, arg, "a torch.Tensor", type(t).__name__, TypeError)
+    if t.layout != torch.strided:  # the reference, the kernels and the guard's copies address strided memory
+        raise fail(op, arg, "a dense (strided) tensor; call .to_dense() first", f"layout {t.layout}", TypeError)
     if t.dtype not in FLOAT_DTYPES:
         raise fail(op, arg, f"dtype {_DTYPE_NAMES}", t.dtype, TypeError)
     if t.dim() < min_dim:

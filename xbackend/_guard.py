@@ -53,12 +53,17 @@ class ReferenceFailed(Exception):
     it: the caller's error, which the runtime raises instead of blaming the impl."""
 
 
-def cannot_verify_now(args: tuple[Any, ...], spec: Any) -> bool:
-    """Under a compile trace or a CUDA graph capture: no place to compare (it would sync)."""
+def cannot_verify_now(args: tuple[Any, ...], spec: Any) -> str | None:
+    """Why no comparison can run on this call, or None: a compile trace or a CUDA graph capture (a
+    comparison would sync), or meta tensors (no values to compare)."""
     if torch.compiler.is_compiling():
-        return True
+        return "first use during a compile trace"
     device = spec.device_of(args)
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if device.type == "meta":
+        return "meta tensors carry no values to compare"
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return "first use during a CUDA graph capture"
+    return None
 
 
 @dataclass(frozen=True)

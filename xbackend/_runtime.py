@@ -291,10 +291,9 @@ class Runtime:
                     entry.fn, entry.impl = impl.fn, impl
                     self._event(spec, entry, impl, "reference")
                 return impl.fn(*args)
-            if cannot_verify_now(args, spec):
-                # A CUDA graph capture or a compile trace is no place to compare (it would sync);
-                # run the reference now and verify on a later eager call.
-                self._event(spec, entry, impl, "unverified", "first use during capture/trace; ran the reference")
+            why = cannot_verify_now(args, spec)
+            if why is not None:  # run the reference now and verify on a later call that can compare
+                self._event(spec, entry, impl, "unverified", f"{why}; ran the reference")
                 return spec.reference(*args)
             out, status, reason, fn = self._check(spec, impl, args)
             if status == "verified":
