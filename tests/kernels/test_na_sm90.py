@@ -47,6 +47,7 @@ def test_layout_accepts_the_diffvae_tiles():
     ({}, {"scale": -0.125}, "positive"),
     ({}, {"kernel_size": (11, 11, 12)}, "axis 2: window 12"),
     ({"spatial": (8, 16, 16)}, {}, "axis 0: window 11 over 8"),
+    ({"heads": 0}, {}, "batch * heads 0"),
 ])
 def test_layout_reasons(views: dict, change: dict, expected: str):
     reason = na_sm90.layout_reason(*_views(**views), *_args(**change))
@@ -65,6 +66,18 @@ def test_switched_on_only_when_opted_in(value: str | None, enabled: bool, monkey
     if value is not None:
         monkeypatch.setenv(na_sm90.SWITCH, value)
     assert na_sm90.switched_on() is enabled
+
+
+@pytest.mark.parametrize(("spatial", "kernel", "kv_tile", "taken"), [
+    ((40, 96, 96), (11, 11, 11), (2, 2, 16), True),  # the DiffVAE stage-5 tile, where it was timed
+    ((9, 10, 13), (3, 5, 11), (4, 1, 16), True),
+    ((32, 32, 32), (9, 9, 9), (4, 4, 4), False),
+    ((40, 96, 96), (5, 5, 5), (1, 8, 8), False),
+])
+def test_pays_only_where_it_computes_no_more_pairs_than_na_triton(spatial, kernel, kv_tile, taken):
+    reason = na_sm90.pays(spatial, kernel, kv_tile)
+    assert (reason is None) is taken, reason
+    assert taken or "na_triton's query-key pairs" in reason
 
 
 def test_supports_needs_an_sm90_gpu():
@@ -144,6 +157,9 @@ CASES = [
     ((1, 9, 13), 2, (1, 5, 7), 1),  # an axis of one token (a 2-D input)
     ((1, 10, 13), 2, (1, 2, 10), 1),  # even windows: off-centre, box ks + 3 wide
     ((5, 6, 7), 3, (3, 5, 7), 2),
+    ((1, 2, 9), 2, (1, 1, 5), 1),  # one key block: a prologue of one load, no refill
+    ((1, 4, 9), 2, (1, 1, 5), 1),  # two key blocks
+    ((9, 10, 3), 2, (3, 5, 3), 1),  # an axis shorter than a tile
 ]
 
 
@@ -161,6 +177,7 @@ def _call(q, k, v, kernel, monkeypatch, switch="1"):
     flags = []
     launch = na_sm90.shift_launch
     monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
+    monkeypatch.setattr(na_sm90, "pays", lambda *a: None)  # correctness at every window, paying or not
     return na_triton.neighborhood_attention(q, k, v, kernel, *PLAIN, None, config=config), flags
 
 
@@ -180,11 +197,12 @@ def test_gpu_against_reference_and_na_triton(spatial, heads, kernel, batch, monk
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
-def test_gpu_flagged_tiles_take_the_online_walk(monkeypatch):
+@pytest.mark.parametrize("spatial", [(12, 16, 16), (13, 17, 19)])
+def test_gpu_flagged_tiles_take_the_online_walk(spatial, monkeypatch):
     """Large queries in some tiles push their bound past SHIFT_MAX: those tiles are flagged, walk
     nothing here and are redone by na_triton's online launch; the result is right everywhere."""
     kernel = (11, 11, 11)
-    q, k, v = make_qkv((12, 16, 16), 2, 64, torch.bfloat16, seed=4, device="cuda")
+    q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=4, device="cuda")
     q[:, :4, :4] *= 40.0  # the first tiles' rows
     out, flags = _call(q, k, v, kernel, monkeypatch)
     assert len(flags) == 1, "na_triton did not take the sm90 shift launch"
@@ -195,14 +213,16 @@ def test_gpu_flagged_tiles_take_the_online_walk(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
-def test_gpu_every_tile_flagged_exits_and_is_redone(monkeypatch):
+@pytest.mark.parametrize(("spatial", "kernel"), [((9, 10, 13), (3, 5, 11)), ((1, 2, 9), (1, 1, 5)),
+                                                 ((1, 4, 9), (1, 1, 5))])
+def test_gpu_every_tile_flagged_exits_and_is_redone(spatial, kernel, monkeypatch):
     """shift_max 0: every tile's bound exceeds it, so every CTA takes the early exit (after its first
-    loads land) and na_triton's online launch computes the whole output."""
+    loads land, one or two of them where the walk is that short) and na_triton's online launch
+    computes the whole output."""
     from xbackend.kernels import na_triton
 
     monkeypatch.setattr(na_triton, "SHIFT_MAX", 0.0)
-    kernel = (3, 5, 11)
-    q, k, v = make_qkv((9, 10, 13), 2, 64, torch.bfloat16, seed=6, device="cuda", batch=2)
+    q, k, v = make_qkv(spatial, 2, 64, torch.bfloat16, seed=6, device="cuda", batch=2)
     out, flags = _call(q, k, v, kernel, monkeypatch)
     assert len(flags) == 1 and bool((flags[0] == 1).all()), flags
     assert rel_err(out, reference(q.float(), k.float(), v.float(), kernel, *PLAIN)) < 5e-3

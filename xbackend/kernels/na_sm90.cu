@@ -285,6 +285,7 @@ const char *xb_na_shift_sm90(const void *q, const void *k, const void *v, void *
         return cudaGetErrorString(cudaGetLastError());
     }
     const unsigned tiles = (unsigned)(((N0 + 3) / 4) * ((N1 + 3) / 4) * ((N2 + 3) / 4));
+    (void)cudaGetLastError();  // an earlier launch's unread error is not this launch's
     na_shift_sm90<<<dim3(tiles, B * heads), 128, kSmem, stream>>>(
         tq, tk, tv, static_cast<__nv_bfloat16 *>(out), static_cast<const __nv_bfloat16 *>(q), knorm, flags, N0, N1, N2,
         heads, ks0, ks1, ks2, qk_scale, shift_max);

@@ -8,9 +8,14 @@ wide, q.k as wgmma m64n56k16): 49 blocks of 56 keys, the box exactly, so q.k and
 otherwise: each row shifted by its Cauchy-Schwarz bound, a tile with a looser bound left to
 na_triton's online launch through the same flags.
 
-``na_triton.neighborhood_attention`` takes it for the shift launch where ``supports`` says so, the
-extension builds (``available``) and ``switched_on()`` (``XBACKEND_NA_SM90=1``). The extension is
-built on first use for ``sm_90a`` only (wgmma and TMA are that target's).
+``na_triton.neighborhood_attention`` takes it for the shift launch where ``supports`` says so, it
+computes no more query-key pairs than na_triton's own blocks (``pays``), the extension builds
+(``available``) and ``switched_on()`` (``XBACKEND_NA_SM90=1``). The extension is built on first use
+for ``sm_90a`` only (wgmma and TMA are that target's).
+
+This form of the kernel (ragged tiles, windows 1-11 per axis, the C++ tensor maps and binding) has not
+run on a GPU: it compiles for sm_90a (tests/kernels/test_na_sm90.py) and its index math is checked on
+the host against the op's reference windows; its GPU tests skip without an sm90 device.
 
 The experiment this kernel is built from (``lab/gpu/na56/na56.cu``, the same walk at extents that are
 multiples of 4 and window 11, launched through the driver by ctypes) on the H200 (torch 2.11 + cu130,
@@ -22,14 +27,16 @@ process; errors against the fp32 reference equal (0.00235), 1.5e-4 relative from
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
+from xbackend.kernels.na_triton_config import NAConfig, visited_pairs
 
 __all__ = ["KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernelUnavailable", "available", "build_log",
-           "layout_reason", "shift_launch", "supports", "switched_on", "takes"]
+           "layout_reason", "pays", "shift_launch", "supports", "switched_on", "takes"]
 
 _EXT = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
                     gencode=("-gencode=arch=compute_90a,code=sm_90a",))
@@ -85,8 +92,8 @@ def layout_reason(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torc
     for axis, (n, ks) in enumerate(zip((s0, s1, s2), kernel_size, strict=True)):
         if not 1 <= ks <= MAX_WINDOW or n < ks:
             return f"axis {axis}: window {ks} over {n} (windows 1-{MAX_WINDOW}, no longer than the axis)"
-    if b * heads > 65535:
-        return f"batch * heads {b * heads}: at most 65535 (the grid's second axis)"
+    if not 1 <= b * heads <= 65535:
+        return f"batch * heads {b * heads}: 1 to 65535 (the grid's second axis)"
     return None
 
 
@@ -97,10 +104,27 @@ def supports(q3: torch.Tensor, *args) -> str | None:
     return layout_reason(q3, *args)
 
 
-def takes(q3: torch.Tensor, *args) -> bool:
-    """Whether na_triton's shift launch for these arguments (``supports``'s) is this kernel's: switched
-    on, supported, and the extension built."""
-    return switched_on() and supports(q3, *args) is None and available() is None
+def pays(spatial: tuple[int, int, int], kernel_size: tuple[int, int, int], kv_tile: tuple[int, int, int]) -> str | None:
+    """None when this kernel's tensor-core work (q.k over 56-key blocks, p.v padded to 64 keys) is at
+    most na_triton's over its ``kv_tile`` blocks with the same 4 x 4 x 4 tiles, else why not. Its speed
+    was measured at window 11 (0.94 of na_triton's pairs at the stage-5 tile); smaller windows fit
+    na_triton's smaller blocks better (window 5 over the same tile: 1.84)."""
+    plain = ((1, 1, 1), (False, False, False), (1, 1, 1))
+    qk = visited_pairs(spatial, kernel_size, *plain, NAConfig(Q_TILE, KV_TILE, 4, 1))
+    ours = qk * (1 + 64 / math.prod(KV_TILE))  # p.v pads each block to 64 keys
+    theirs = 2 * visited_pairs(spatial, kernel_size, *plain, NAConfig(Q_TILE, kv_tile, 4, 1))
+    if ours > theirs:
+        return f"{ours / theirs:.2f}x na_triton's query-key pairs (its {kv_tile} blocks fit this window better)"
+    return None
+
+
+def takes(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch.Tensor, kernel_size: tuple[int, int, int],
+          dilation: tuple[int, int, int], is_causal: tuple[bool, bool, bool], stride: tuple[int, int, int],
+          scale: float, q_tile: tuple[int, int, int], kv_tile: tuple[int, int, int]) -> bool:
+    """Whether na_triton's shift launch for these arguments (``supports``'s, and na_triton's KV blocks)
+    is this kernel's: switched on, supported, no more work than na_triton's, and the extension built."""
+    return (switched_on() and supports(q3, k3, v3, o3, kernel_size, dilation, is_causal, stride, scale, q_tile) is None
+            and pays(tuple(q3.shape[1:4]), kernel_size, kv_tile) is None and available() is None)
 
 
 def shift_launch(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch.Tensor, knorm: torch.Tensor,

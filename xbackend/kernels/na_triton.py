@@ -41,7 +41,9 @@ fp32; bf16/fp16 operands on the tensor cores.
 * sm90 shift launch (``na_sm90``, where ``XBACKEND_NA_SM90=1``): at head_dim 64 with 4 x 4 x 4 tiles and
   windows of at most 11 on an sm90 GPU the shift launch is a CUDA C++ kernel that walks each tile's key box in 2 x 2 x 14
   blocks (56 keys: the exact 14-key box width along axis 2, which a power-of-two Triton block rounds
-  up to 16). Same walk, bounds and flags; the online launch for flagged tiles stays this kernel's.
+  up to 16), where that computes no more pairs than this kernel's blocks. Same walk, bounds and
+  flags; the online launch for flagged tiles stays this kernel's. Not yet run on a GPU in this form
+  (off by default; see ``na_sm90``).
 * Dilation: the ``d`` interleaved groups of an axis are independent strided sub-grids, so a
   program works on one group: stride times ``d``, base offset ``g``, group length
   ``ceil((L - g) / d)``.
@@ -248,7 +250,7 @@ def neighborhood_attention(
             launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
                                             POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
                                             **schedule)
-    if shift and na_sm90.takes(q3, k3, v3, o3, ks, dil, causal, st, float(scale), tq):
+    if shift and na_sm90.takes(q3, k3, v3, o3, ks, dil, causal, st, float(scale), tq, config.kv_tile):
         # The shift launch in 56-key blocks (CUDA C++, sm_90a): the same walk and flags, 1/8 fewer q.k pairs.
         launches[0] = functools.partial(na_sm90.shift_launch, q3, k3, v3, o3, knorm, flags, ks,
                                         float(scale) * _LOG2E, SHIFT_MAX)
