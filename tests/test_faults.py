@@ -499,12 +499,17 @@ def test_bad_arguments_get_the_same_error_on_the_autograd_and_compile_paths() ->
             torch.compile(lambda t: rmsnorm(t, None, True), backend="eager", fullgraph=True)(x)
 
 
-def test_a_sparse_or_mkldnn_tensor_gets_the_ops_error() -> None:
+def test_a_sparse_mkldnn_or_nested_tensor_or_a_huge_int_gets_the_ops_error() -> None:
     x, u, g = (t.float() for t in inputs())
     with fresh_runtime():
-        for bad in (x.to_sparse(), x.to_mkldnn()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch: nested tensors are a prototype
+            nested = torch.nested.nested_tensor([x[0], x[1, :5]])
+        for bad in (x.to_sparse(), x.to_mkldnn(), nested):
             with pytest.raises(TypeError, match="gated_residual: argument 'x' expected a dense .strided. tensor"):
                 gated_residual(bad, u, g)
+        with pytest.raises(ValueError, match="rmsnorm: argument 'eps' expected a number >= 0 within float range"):
+            rmsnorm(x, None, 10**400)
 
 
 def test_meta_tensors_run_the_reference_and_blame_no_impl() -> None:

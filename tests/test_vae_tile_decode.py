@@ -332,7 +332,7 @@ _OK = {"tile": (2, 2, 2), "stride": (1, 1, 1), "scale": (1, 1, 1)}
         (None, {"draw_noise": 3}, TypeError, "argument 'draw_noise'"),
         (None, {"dst": 1}, ValueError, "argument 'dst' expected a rank of the group, 0..0"),
         (None, {"dst": "0"}, TypeError, "argument 'dst'"),
-        (None, {"group": object()}, ValueError, "argument 'group'"),
+        (None, {"group": object()}, TypeError, "argument 'group' expected None or a torch.distributed.ProcessGroup, got 'object'"),
     ],
 )
 def test_argument_errors(latent, overrides, exc, pattern):

@@ -25,8 +25,11 @@ def shape_str(t: torch.Tensor) -> str:
 def tensor(op: str, arg: str, t: object, *, min_dim: int = 1) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise fail(op, arg, "a torch.Tensor", type(t).__name__, TypeError)
-    if t.layout != torch.strided:  # the reference, the kernels and the guard's copies address strided memory
-        raise fail(op, arg, "a dense (strided) tensor; call .to_dense() first", f"layout {t.layout}", TypeError)
+    # The reference, the kernels and the guard's copies address strided memory; a nested tensor
+    # reports torch.strided but has no single shape.
+    if t.layout != torch.strided or t.is_nested:
+        got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise fail(op, arg, "a dense (strided) tensor; call .to_dense() first", got, TypeError)
     if t.dtype not in FLOAT_DTYPES:
         raise fail(op, arg, f"dtype {_DTYPE_NAMES}", t.dtype, TypeError)
     if t.dim() < min_dim:
@@ -53,9 +56,13 @@ def broadcasts_to(op: str, arg: str, t: torch.Tensor, target: torch.Size, target
 def real_number(op: str, arg: str, value: object, *, minimum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise fail(op, arg, "a float", type(value).__name__, TypeError)
+    expected = f"a number >= {minimum:g}" if minimum is not None else "a number"
     if value != value or (minimum is not None and value < minimum):
-        raise fail(op, arg, f"a number >= {minimum:g}" if minimum is not None else "a number", value)
-    return float(value)
+        raise fail(op, arg, expected, value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range
+        raise fail(op, arg, f"{expected} within float range", f"an int of {value.bit_length()} bits") from None
 
 
 def choice(op: str, arg: str, value: object, options: tuple[str, ...]) -> str:

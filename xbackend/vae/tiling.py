@@ -375,12 +375,14 @@ def check_decoded_tile(
 
 def _check_group(group: Any, dst: int | None) -> None:
     if group is not None:
-        if not dist.is_available() or not dist.is_initialized():
+        if not dist.is_available():
+            raise _arg_error(ValueError, "group", "None (this torch build has no torch.distributed)", type(group).__name__)
+        if not isinstance(group, dist.ProcessGroup):
+            raise _arg_error(TypeError, "group", "None or a torch.distributed.ProcessGroup", type(group).__name__)
+        if not dist.is_initialized():
             raise _arg_error(
                 ValueError, "group", "a process group of an initialised torch.distributed", "a group, no init"
             )
-        if not isinstance(group, dist.ProcessGroup):
-            raise _arg_error(TypeError, "group", "None or a torch.distributed.ProcessGroup", type(group).__name__)
         if dist.get_rank(group) < 0:
             raise _arg_error(ValueError, "group", "a group this rank belongs to", "a group without this rank")
     world = group_world_size(group)
