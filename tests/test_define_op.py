@@ -66,7 +66,7 @@ SPEC = define_op(NAME, bind=bind, check=check, reference=reference, fake=fake, e
 
 # -- impls a plugin registers ------------------------------------------------------------------------
 def exact(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
-    return torch.add(x, torch.mul(y, alpha))
+    return torch.add(x, torch.mul(y, alpha)).contiguous()  # a strided x's layout would carry through
 
 
 def fused(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -114,12 +114,12 @@ def test_outputs_sharing_one_storage_are_rejected() -> None:
         (h.sum() + y.sum()).backward()
 
 
-def test_an_output_laid_out_unlike_the_fake_and_the_reference_is_rejected() -> None:
+def test_an_output_that_is_not_contiguous_is_rejected() -> None:
     def padded_rows(x, u, g):  # right values in rows padded to 72 elements: a view no caller can .view()
         out = torch.empty(*x.shape[:-1], 72, dtype=x.dtype)[..., :64]
         return out.copy_(gr.reference(x, u, g))
 
-    def as_reference(x, u, g):  # a transposed x: the reference keeps its layout, and so may an impl
+    def as_reference(x, u, g):  # torch's elementwise ops keep a transposed x's layout
         return gr.reference(x, u, g)
 
     x, u, g = inputs()
@@ -128,9 +128,11 @@ def test_an_output_laid_out_unlike_the_fake_and_the_reference_is_rejected() -> N
         assert out.is_contiguous() and statuses(rt)[0] == ("padded:padded", "mismatch")
         assert "output 0 has strides (576, 72, 1); expected contiguous" in rt.events[0].detail
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)
-    with fresh_runtime([plugin("gated_residual", "same", as_reference)]) as rt:
-        assert not gated_residual(xt, u, g).is_contiguous()
-        assert statuses(rt) == [("same:same", "verified")]
+    assert not as_reference(xt, u, g).is_contiguous()
+    with fresh_runtime([plugin("gated_residual", "inputs_layout", as_reference)]) as rt:
+        out = gated_residual(xt, u, g)
+        assert out.is_contiguous() and torch.equal(out, xt + u * g)  # the reference's answer, contiguous
+        assert statuses(rt) == [("inputs_layout:inputs_layout", "mismatch"), ("xbackend:reference", "reference")]
 
 
 def test_copies_keep_strides_offsets_and_shared_storage() -> None:

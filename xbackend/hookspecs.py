@@ -43,6 +43,10 @@ def xbackend_register_impls(registrar: Registrar) -> None:
     reusing an impl name for the same op, raises :class:`xbackend.RegistrationError`; the plugin is
     then reported as failed and none of its impls are kept. Keep this hook cheap: import heavy
     dependencies (triton, vendor libraries) inside ``fn`` or ``available``, not here.
+
+    An ``fn`` returns new contiguous tensors: never an input or a view of one (empty ones included),
+    never two outputs over one allocation, and never writes its inputs. The guard rejects an impl
+    that breaks this (docs/guard.md), as ``xbackend.testing.conformance`` does in a plugin's tests.
     """
 
 

@@ -9,8 +9,8 @@ the sum are rounded in fp32, the result once to x's dtype.
 diffusers' ``apply_split_rotary_emb``, cos and sin ``[..., D/2]`` per head (or ``[B, H, T, D/2]`` against
 a ``[B, T, H*D]`` x).
 
-cos and sin may have any float dtype (LTX-2 keeps them in fp32 while x is bf16); the output has x's
-dtype and shape.
+cos and sin may be float16, bfloat16 or float32, whatever x is (LTX-2 keeps them in fp32 while x is
+bf16); the output has x's dtype and shape.
 """
 
 from __future__ import annotations
