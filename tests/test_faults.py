@@ -340,16 +340,22 @@ def test_every_thread_falls_back_when_a_verified_impl_starts_raising() -> None:
     assert [s for _, s in statuses(rt)].count("raised") == 1
 
 
-def test_transient_out_of_memory_does_not_disable_the_impl() -> None:
-    state = {"oom": 0, "calls": 0}
+def ooms_first(state: dict[str, int]):
+    """gated_residual's reference as an impl that raises torch.OutOfMemoryError while state["oom"]
+    counts down to 0."""
 
     def sometimes_oom(x, u, g):
-        state["calls"] += 1
         if state["oom"]:
             state["oom"] -= 1
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
         return gr.reference(x, u, g)
 
+    return sometimes_oom
+
+
+def test_transient_out_of_memory_does_not_disable_the_impl() -> None:
+    state = {"oom": 0}
+    sometimes_oom = ooms_first(state)
     x, u, g = inputs()
     with fresh_runtime([plugin("gated_residual", "oom", sometimes_oom)]) as rt:
         gated_residual(x, u, g)
@@ -368,13 +374,7 @@ def test_transient_out_of_memory_does_not_disable_the_impl() -> None:
 
 def test_out_of_memory_at_first_use_retries_then_falls_back_for_that_call_only() -> None:
     state = {"oom": 1}
-
-    def sometimes_oom(x, u, g):
-        if state["oom"]:
-            state["oom"] -= 1
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return gr.reference(x, u, g)
-
+    sometimes_oom = ooms_first(state)
     x, u, g = inputs()
     with fresh_runtime([plugin("gated_residual", "oom", sometimes_oom)]) as rt:
         # One OOM during verification: the retry after emptying the cache verifies the impl.
@@ -390,13 +390,7 @@ def test_out_of_memory_at_first_use_retries_then_falls_back_for_that_call_only()
 
 def test_a_forced_impl_out_of_memory_twice_raises_instead_of_answering_with_the_reference() -> None:
     state = {"oom": 0}
-
-    def sometimes_oom(x, u, g):
-        if state["oom"]:
-            state["oom"] -= 1
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return gr.reference(x, u, g)
-
+    sometimes_oom = ooms_first(state)
     x, u, g = inputs()
     for mode in ("first", "always"):
         with fresh_runtime([plugin("gated_residual", "oom", sometimes_oom)]) as rt, \

@@ -180,7 +180,7 @@ def _outputs(out: Output) -> list[torch.Tensor]:
     return []
 
 
-def side_effects(out: Output, copies: list[_Copy], inputs: dict[str, torch.Tensor] | None = None) -> str | None:
+def side_effects(out: Output, copies: list[_Copy], inputs: dict[str, torch.Tensor]) -> str | None:
     """Why an isolated call is unacceptable (it wrote into an input, or returned an input's memory, or
     two outputs over one storage), or None. ``inputs``: the isolated call's tensor arguments by name
     (the empty ones have no copy)."""
@@ -189,7 +189,7 @@ def side_effects(out: Output, copies: list[_Copy], inputs: dict[str, torch.Tenso
             return f"modified its input {' / '.join(repr(n) for n in c.names)} in place"
     # Storage identity, as torch's custom-op aliasing check judges it (an op's outputs are new tensors,
     # so the custom op would reject them on its autograd path), empty tensors included.
-    owners = {t.untyped_storage()._cdata: f"input {name!r}" for name, t in (inputs or {}).items()}
+    owners = {t.untyped_storage()._cdata: f"input {name!r}" for name, t in inputs.items()}
     # Overlap by address too: DLPack, numpy or set_() views of a copy are other storage objects over
     # the same memory.
     taken = [(c.data.device, c.data.data_ptr(), c.data.data_ptr() + c.data.numel(),

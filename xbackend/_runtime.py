@@ -307,7 +307,7 @@ class Runtime:
                 continue
             self._disable(spec, entry, impl, status, reason)
         if entry.forced is not None:  # every candidate but the forced one is ruled out by use()
-            why = "; ".join(f"{name}: {r}" for name, r in entry.disabled.items()) or "it ran out of memory"
+            why = "; ".join(f"{name}: {r}" for name, r in entry.disabled.items())
             raise ImplUnusableError(f"{spec.name}: forced impl {entry.forced!r} cannot run {entry.described}: {why}")
         raise AssertionError(f"{spec.name}: no candidate left, not even the reference")  # the reference is never disabled
 
