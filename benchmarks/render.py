@@ -446,10 +446,12 @@ xbackend's for the same bytes (above 100% where a kernel moves fewer bytes than 
 broadcast gate read once).
 
 **Reproducing.** On a GPU machine, from the repository root: `bash benchmarks/run_bench.sh` runs
-every `xbackend bench` table; `bash benchmarks/run_models.sh` the LTX-2 block table
-(`benchmarks/patch_check.py`, needs diffusers 0.42.1); the example commands run as written. Outputs
-land in `$OUT`. To publish a run: copy its outputs under `lab/results/<gpu>/`, point its entry in
-`benchmarks/runs.json` at them (command, hardware, date), and run `python benchmarks/render.py`.
+the command of every `xbackend bench` table and of the `na_quick.py` and `na_sol.py` tables;
+`bash benchmarks/run_models.sh` the LTX-2 block table (`benchmarks/patch_check.py`, needs diffusers
+0.42.1); the example commands run as written. A table whose command names a commit holds numbers
+measured at that checkout. Outputs land in `$OUT`. To publish a run: copy its outputs under
+`lab/results/<gpu>/`, point its entry in `benchmarks/runs.json` at them (command, hardware, date), and
+run `python benchmarks/render.py`.
 
 Case names of `xbackend bench` (`xbackend/bench/cases.py`): `[B,L,D]` is x's shape; gated residual
 gates are `bcast` `[1,1,D]`, `full` (x's shape) or `token` `[B,L,1]`; `mod[...]` is the modulation's

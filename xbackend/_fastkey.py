@@ -1,8 +1,11 @@
 """The runtime key of an op call, built in C++ (``_fastkey.cpp``) where that extension is available.
 
-Every eager call builds a key of its inputs and looks it up in the dispatch cache (the whole call is
-budgeted at 2 µs over the kernel). The Python keys (``key`` in ``xbackend/ops/*.py``) read shape,
-stride(), dtype and device of every tensor, ~0.1 µs per attribute; the C++ key reads the same four
+Every eager call builds a key of its inputs and looks it up in the dispatch cache (``xbackend bench
+dispatch``, the whole ``get_op(...)(...)`` call over calling the impl directly: 0.82 µs with the C++ key,
+2.00 µs with the Python key, ``XBACKEND_FAST_KEY=0``; 2-core CPU, torch 2.13.0 CPU, 2026-12-05). The
+Python keys (``key`` in ``xbackend/ops/*.py``) read shape, stride(), dtype and device of every tensor,
+47-95 ns per attribute on a CPU tensor (``timeit`` of ``t.shape``, ``t.stride()``, ``t.dtype``,
+``t.device``; same machine, version and date); the C++ key reads the same four
 things of each tensor in one call and returns ``(op name, bytes, arg, tag(arg), ...)`` for the
 non-tensor args. Both forms hold each non-tensor arg with its type tag (its type; for a tuple, its
 elements' types): values compare with ``==``, and ``1.0 == True`` or ``(3, 3) == (3.0, 3.0)`` while
@@ -26,8 +29,9 @@ unset / ``auto``       no GPU visible                      yes               no 
 =====================  ==================================  ================  ========================
 
 The extension is cached under ``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by the
-torch version, the Python ABI and a hash of the source and flags. Building takes ~15-20 s on a 2-core
-CPU (one translation unit; ``python_variable.h`` is most of it). Any build or load failure is logged
+torch version, the Python ABI and a hash of the source and flags. Building took 13-14 s on a 2-core
+CPU (``xbackend build`` with an empty ``XBACKEND_CACHE_DIR``, twice, torch 2.13.0 CPU, 2026-12-05; one
+translation unit; ``python_variable.h`` is most of it). Any build or load failure is logged
 once as a warning and the process keeps the Python keys: the caller never sees it. ``xbackend info``
 shows the form in use and why; ``xbackend build`` builds it ahead of time.
 """

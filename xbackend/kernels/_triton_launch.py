@@ -3,9 +3,11 @@
 ``kernel[grid](...)`` re-binds every argument, re-derives the specialisation of each one, stringifies
 the options, hashes the lot, builds launch metadata for the hook chain, and its C launcher asks the
 driver about every pointer (``cuPointerGetAttribute``). For our pointwise kernels (a dozen runtime
-arguments, up to twenty constexprs) that came to ~50 µs of host per launch on the H200 host, more
-than the GPU time of the small shapes a DiT block runs (the audio stream's 126-token norms), so a
-patched block went host-bound.
+arguments, up to twenty constexprs) that came to 20-32 µs of host time per launch on the H200 host,
+against 12-15 µs through this module (the lab's ``host_overhead.py``, measured at commit 003a86e, which
+the script needs; torch 2.11.0+cu130, Triton 3.6, 2026-11-30; lab/results/h200/host_overhead.txt):
+more than the GPU time of the small shapes a DiT block runs (the audio stream's 126-token norms), so a
+patched block is host-bound through Triton's own launch path.
 
 The first launch of each specialisation goes through Triton, which compiles and caches it; we keep the
 compiled kernel it returns. Later launches call the kernel's launcher directly, with pointers passed

@@ -1,7 +1,8 @@
 """na_triton's shift launch as a Gluon kernel for Hopper: the KV loop software-pipelined by hand.
 
-The Triton kernel's KV loop is latency-bound on the H200 (Nsight Compute: issue slots 47% busy, 0.69
-eligible warps of 2 per scheduler): every wgmma is waited for right after it is issued, so the softmax
+The Triton kernel's KV loop is latency-bound on the H200 (Nsight Compute, ``bash lab/gpu/na_ncu.sh``
+at the video case: issue slots 46.7% busy, 0.69 eligible warps of 2 per scheduler; torch 2.11, Triton
+3.6, 2026-12-02, lab/results/h200/na_ncu.txt): every wgmma is waited for right after it is issued, so the softmax
 never overlaps the tensor cores inside a CTA. Here the wgmmas are asynchronous and waited for in an
 order of our choosing (the intra-warpgroup overlap of flash-attention 3), one warpgroup per 64 queries
 of the tile (64-query tiles: two CTAs per SM at head_dim 128):

@@ -1,8 +1,10 @@
 """na_gluon's shift walk for 128-query tiles, warp-specialized: two consumer warpgroups, each its own partition.
 
 With 64-query tiles the 3-D video case re-reads its key boxes from L2 at 88% of the L2's peak
-throughput (Nsight Compute on the H200: 9.5 TB/s); K/V bytes per computed query-key pair are
-``4 * head_dim / BLOCK_M``, so a 128-query tile halves them for 8% more pairs (a larger box). Run as
+throughput (Nsight Compute on the H200: 9.46 TB/s; ``KERNEL=na_fwd_shift bash lab/gpu/na_ncu.sh``, torch
+2.11, Triton 3.6, 2026-12-02, lab/results/h200/na_ncu_gluon.txt); K/V bytes per computed query-key pair
+are ``4 * head_dim / BLOCK_M``, so a 128-query tile halves them for 8% more pairs (a larger box:
+useful/computed 0.648 against 0.702, lab/results/h200/na_sweep_ws.txt). Run as
 one 8-warp program, the two warpgroups of such a tile walk in lockstep: the CTA barriers that guard
 each TMA refill against the wgmmas still reading the slot stop both, and at one CTA an SM nothing
 overlaps them. Here each warpgroup is its own partition and loads one stream for both:
@@ -12,10 +14,12 @@ overlaps them. Here each warpgroup is its own partition and loads one stream for
                      refills its stream (h=0: K, h=1: V) once both have freed the slot
                      (mbarriers, no CTA barrier)
 
-The two consumers walk the same blocks (the tile's key box) on their own schedule. On the H200 it
-computes 544-553 TFLOP/s at the video case against 503-527 for na_gluon's 8-warp program at the same
-tiles (8-10% less time), but 64-query tiles with q in registers compute fewer pairs and take 3% less
-time there (39.5 against 40.9 ms, lab/README.md); ``config_for`` keeps 64-query tiles. Tile, window
+The two consumers walk the same blocks (the tile's key box) on their own schedule. On the H200
+(``python3 lab/gpu/na_sweep.py``, torch 2.11, Triton 3.6, 2026-12-02) it computes 544-553 TFLOP/s at the
+video case against 503-527 for na_gluon's 8-warp program at the same tiles (lab/results/h200/
+na_sweep_ws.txt, na_sweep_ws_pingpong.txt, na_sweep_gluon_q128.txt; in one run 41.6 against 45.0 ms,
+na_sweep_ws.txt), but 64-query tiles with q in registers compute fewer pairs and take 3% less time
+there (39.5 against 40.9 ms, na_sweep_ws_final.txt); ``config_for`` keeps 64-query tiles. Tile, window
 rules, shift bound and flags are na_gluon's (``_na_fwd_kernel``'s): a tile whose bound is too loose
 walks nothing and is left to na_triton's online (REDO) launch at the same config. The output is
 na_triton's shift launch's at the same config, bit for bit (tests/kernels/test_na_kernels.py).
@@ -39,9 +43,10 @@ from xbackend.kernels.na_triton_blocks import box_walk, group_base, next_block, 
 
 __all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "OPTIONS", "V_LEAD", "na_fwd_ws_kernel", "ws_supports"]
 
-# Four K and four V slots: 8 x 16 KiB + 32 KiB of q at head_dim 128 (160 KiB, one CTA an SM). A trip
-# of both consumers is about 0.9 us on the H200, about one L2 round trip of a TMA load: a slot is
-# refilled about two trips before it is read (4 to 6 slots measured the same, lab/README.md).
+# Four K and four V slots: 8 x 16 KiB + 32 KiB of q at head_dim 128 (160 KiB, one CTA an SM). A slot
+# is refilled about two trips before it is read (4 to 6 slots, leads 3/2 or 4/3, measured the same:
+# 552-556 computed TFLOP/s at the video case, ``python3 lab/gpu/na_ws_slots.py``, H200, 2026-12-02,
+# lab/results/h200/na_ws_slots.txt).
 KV_BUFFERS = gl.constexpr(4)
 # The first consumer loads K, three blocks ahead of its walk (K_{j+3} at trip j: the other consumer
 # may trail by two trips before the refill waits for it); the second loads V two ahead (V is read in
