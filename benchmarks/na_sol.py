@@ -176,7 +176,8 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
 def _sm90_takes(args: tuple, cfg: na_triton.NAConfig) -> bool:
     q, k, v, ks, dil, causal, scale, stride = args
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return q.dim() == 6 and na_sm90.takes(q, k, v, q, ks, dil, causal, stride, float(scale), cfg.q_tile)
+    return q.dim() == 6 and na_sm90.takes(q, k, v, q, ks, dil, causal, stride, float(scale), cfg.q_tile,
+                                                 cfg.kv_tile)
 
 
 def main() -> None:

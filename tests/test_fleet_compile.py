@@ -128,12 +128,13 @@ def test_native_flags_are_the_extensions_own():
         assert f'"{flag}"' in build
 
 
-NA_SM90 = {"XBACKEND_NA_SM90": "1"}
+NA_SM90 = {"XBACKEND_NA_SM90": "1"}  # the default, stated so a caller's environment cannot change it
+NA_SM90_OFF = {"XBACKEND_NA_SM90": "0"}
 
 
 @pytest.mark.parametrize(("target", "env", "native"), [
     ("h200", NA_SM90, True),
-    ("h200", None, False),  # the switch off: na_triton's own shift launch
+    ("h200", NA_SM90_OFF, False),  # the switch off: na_triton's own shift launch
     ("b200", NA_SM90, False),  # an sm_90a kernel: never planned for sm100
 ])  # fmt: skip
 def test_a_native_launch_inside_a_triton_impl_is_captured_in_its_place(target, env, native):

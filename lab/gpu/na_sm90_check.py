@@ -32,6 +32,7 @@ SHAPES = [  # spatial, heads, window, batch, scale of the first tiles' queries (
 def main() -> int:
     assert na_sm90.switched_on(), f"set {na_sm90.SWITCH}=1"
     assert na_sm90.available() is None, na_sm90.build_log()
+    na_sm90.pays = lambda *_: None  # every shape through the kernel, paying or not: this checks its memory use
     worst = 0.0
     for spatial, heads, window, batch, boost in SHAPES:
         q, k, v = make_qkv(spatial, heads, 64, torch.bfloat16, seed=5, device="cuda", batch=batch)
@@ -39,7 +40,7 @@ def main() -> int:
         config = dataclasses.replace(na_triton.config_for(q.shape, window, (1, 1, 1), (False,) * 3),
                                      q_tile=(4, 4, 4), tma=True, shift=True)
         taken = na_sm90.takes(*(na_triton._as_3d(t) for t in (q, k, v, q)), window, (1, 1, 1), (False,) * 3,
-                              (1, 1, 1), 0.125, (4, 4, 4))
+                              (1, 1, 1), 0.125, (4, 4, 4), config.kv_tile)
         out = na_triton.neighborhood_attention(q, k, v, window, (1, 1, 1), (False,) * 3, None, config=config)
         torch.cuda.synchronize()
         err = rel_err(out, reference(q.float(), k.float(), v.float(), window, (1, 1, 1), (False,) * 3))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # na_sm90 on an sm90 GPU, one device call of under 10 minutes a mode:
-#   bash lab/gpu/run_na_sm90.sh verify   # build, its GPU tests and the NA GPU tests with it on, memcheck,
+#   bash lab/gpu/run_na_sm90.sh verify   # build, its GPU tests and the NA GPU tests, memcheck,
 #                                        # lab variants
-#   bash lab/gpu/run_na_sm90.sh sol      # benchmarks/na_sol.py's plain cases with it on
+#   bash lab/gpu/run_na_sm90.sh sol      # benchmarks/na_sol.py's plain cases
 #   bash lab/gpu/run_na_sm90.sh profile  # Nsight Compute over its stage-5 launch: tensor-pipe and
 #                                        # issue use, MUFU use, warp stall reasons (na_ncu.sh's sections)
 # Each step is bounded so one slow step cannot eat the others' time.
@@ -17,7 +17,7 @@ from xbackend.kernels import na_sm90
 print("na_sm90 available:", na_sm90.available(), f"build+load {time.perf_counter() - t:.1f} s")
 print(na_sm90.build_log() or "")
 PY
-    timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p xbackend.testing.pytest_plugin -m gpu -n 8 \
+    timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -n 8 \
       tests/kernels/test_na_sm90.py tests/kernels/test_na_kernels.py tests/test_neighborhood_attention.py \
       >"$OUT/gpu_tests_na_sm90.txt" 2>&1; tail -5 "$OUT/gpu_tests_na_sm90.txt"
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")

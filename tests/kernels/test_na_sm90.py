@@ -60,8 +60,8 @@ def test_layout_needs_contiguous_tensors():
     assert reason is not None and "contiguous" in reason
 
 
-@pytest.mark.parametrize(("value", "enabled"), [(None, False), ("0", False), ("1", True)])
-def test_switched_on_only_when_opted_in(value: str | None, enabled: bool, monkeypatch):
+@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("0", False), ("1", True)])
+def test_switched_on_unless_turned_off(value: str | None, enabled: bool, monkeypatch):
     monkeypatch.delenv(na_sm90.SWITCH, raising=False)
     if value is not None:
         monkeypatch.setenv(na_sm90.SWITCH, value)

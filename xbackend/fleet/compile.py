@@ -292,7 +292,7 @@ def compile_target(
 
     ``shapes``: only the first N catalogue inputs of each op (or these indices); ``workers``: compile
     processes (default: this host's cores, at most 8); ``env``: variables set in the workers while the
-    launch paths run (a deployment's switches, e.g. ``XBACKEND_NA_SM90=1``; the workers otherwise see
+    launch paths run (a deployment's switches, e.g. ``XBACKEND_NA_SM90=0``; the workers otherwise see
     this process's environment as it was when they started). Returns one ``KernelRow.to_dict()`` per
     plan x input x kernel, in plan order.
     """

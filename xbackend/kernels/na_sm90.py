@@ -10,19 +10,17 @@ na_triton's online launch through the same flags.
 
 ``na_triton.neighborhood_attention`` takes it for the shift launch where ``supports`` says so, it
 computes no more query-key pairs than na_triton's own blocks (``pays``), the extension builds
-(``available``) and ``switched_on()`` (``XBACKEND_NA_SM90=1``). The extension is built on first use
-for ``sm_90a`` only (wgmma and TMA are that target's).
+(``available``) and ``switched_on()`` (unless ``XBACKEND_NA_SM90=0``). The extension is built on first
+use for ``sm_90a`` only (wgmma and TMA are that target's).
 
-This form of the kernel (ragged tiles, windows 1-11 per axis, the C++ tensor maps and binding) has not
-run on a GPU: it compiles for sm_90a (tests/kernels/test_na_sm90.py) and its index math is checked on
-the host against the op's reference windows; its GPU tests skip without an sm90 device.
-
-The experiment this kernel is built from (``lab/gpu/na56/na56.cu``, the same walk at extents that are
-multiples of 4 and window 11, launched through the driver by ctypes) on the H200 (torch 2.11 + cu130,
-nvcc 13, 2026-12-04; ``python3 lab/gpu/na56/run.py``, lab/results/h200/na56_2.txt): the stage-5 tile's
-call (key-norm pass, flags, kernel) 2.414-2.562 ms over five rounds (one 2.913 ms outlier), median
-2.422 ms, 207 useful TFLOP/s, against na_triton's 2.585-2.761 ms (median 2.639 ms) interleaved in one
-process; errors against the fp32 reference equal (0.00235), 1.5e-4 relative from na_triton's output.
+On the H200 (torch 2.11 + cu130, Triton 3.6, nvcc 13, 2026-12-05): the DiffVAE stage-5 tile's call
+through ``get_op`` (key-norm pass, flags, this kernel, the online launch for flagged tiles) took 2.418,
+2.435 and 2.524 ms in three runs of ``python3 benchmarks/na_sol.py --cases plain`` (208, 206 and 199
+useful TFLOP/s); interleaved with na_triton's own shift launch (``python3 lab/gpu/na_sm90_rounds.py``,
+two runs of nine rounds) medians 2.500 and 2.547 ms against 2.681 and 2.659 ms, outputs 1.5e-4
+relative apart (lab/results/h200/na_sol_sm90*.txt, na_sm90_rounds*.txt). Its GPU tests, ragged tiles
+and windows 1-11 against the fp32 reference and na_triton's output, pass (gpu_tests_na_sm90.txt), and
+compute-sanitizer's memcheck finds no error (``lab/gpu/na_sm90_check.py``, na_sm90_memcheck.txt).
 """
 
 from __future__ import annotations
@@ -41,10 +39,8 @@ __all__ = ["KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernelUnavailable",
 _EXT = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
                     gencode=("-gencode=arch=compute_90a,code=sm_90a",))
 
-# Off unless XBACKEND_NA_SM90=1: this form of the kernel (ragged tiles, runtime windows, the C++ tensor
-# maps and binding) has not yet run on an sm90 GPU; the experiment it is built from has, at the stage-5
-# tile (lab/gpu/na56, lab/results/h200/na56_2.txt). Read at each call, so a test, or the fleet's
-# capture of a deployment's environment, can set it without reimporting.
+# On unless XBACKEND_NA_SM90=0 (the way back to na_triton's own shift launch). Read at each call, so a
+# test, or the fleet's capture of a deployment's environment, can set it without reimporting.
 SWITCH = "XBACKEND_NA_SM90"
 # A tile's key box along axis 2 is window + 3 keys, and one 14-key block must cover it.
 MAX_WINDOW = 11
@@ -53,8 +49,8 @@ KV_TILE = (2, 2, 14)  # the key blocks of q.k (p.v pads each to 64 keys)
 
 
 def switched_on() -> bool:
-    """Whether the environment opts in (``XBACKEND_NA_SM90=1``)."""
-    return os.environ.get(SWITCH, "0") == "1"
+    """Whether the environment leaves the kernel on (anything but ``XBACKEND_NA_SM90=0``)."""
+    return os.environ.get(SWITCH, "1") != "0"
 
 
 def build_log() -> str | None:
