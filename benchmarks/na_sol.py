@@ -164,7 +164,7 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
                pct_sol=100 * sol_ms / ms, rel_err=err)
     # na_triton's tiling for this case (what it computes when it is the impl that ran).
     cfg = na_triton.config_for(args[0].shape, *args[3:6], args[7])
-    if cfg.shift and _sm90_takes(args, cfg):
+    if _sm90_takes(args, cfg) and cfg.shift:  # takes() first: the CPU smoke run calls it too
         # The shift launch is na_sm90's: its q.k pairs are those of 2 x 2 x 14 key blocks (its p.v pads
         # each block to 64 keys).
         cfg = dataclasses.replace(cfg, kv_tile=na_sm90.KV_TILE)
@@ -176,8 +176,7 @@ def run(case: Case, device: torch.device, reps: int, dense_cache: dict) -> dict:
 def _sm90_takes(args: tuple, cfg: na_triton.NAConfig) -> bool:
     q, k, v, ks, dil, causal, scale, stride = args
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return q.dim() == 6 and na_sm90.takes(q, k, v, q, ks, dil, causal, stride, float(scale), cfg.q_tile,
-                                                 cfg.kv_tile)
+    return q.dim() == 6 and na_sm90.takes(q, k, v, q, ks, dil, causal, stride, float(scale), cfg.q_tile, cfg.kv_tile)
 
 
 def main() -> None:
