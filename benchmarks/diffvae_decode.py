@@ -37,7 +37,7 @@ MODES = {
 }
 # Kernel families of the breakdown, first match wins (CUDA kernel names of torch 2.11 / Triton 3.6).
 FAMILIES = [
-    ("neighborhood attention", r"_na_fwd|na_triton|flex"),
+    ("neighborhood attention", r"_na_fwd|na_triton|na_shift_sm90|_max_key_norm|flex"),
     ("q/k prelude (qk_norm_rope_3d)", r"qk_norm_rope_3d"),
     ("RMSNorm / modulate / add+norm (xbackend)", r"rmsnorm"),
     ("SwiGLU product (silu_mul)", r"silu_mul"),
