@@ -184,7 +184,7 @@ def test_native_launch_records_match_their_sources():
         consts[name] = eval(expr, {}, dict(consts))  # the kernel's own constexpr arithmetic
     assert src.dynamic_shared_bytes == consts["kSmem"]
     assert f"__launch_bounds__({src.block_warps * 32}, " in text
-    assert na_sm90._EXT.gencode == (f"-gencode=arch=compute_90{src.arch_suffix},code=sm_90{src.arch_suffix}",)
+    assert na_sm90.EXTENSION.gencode == (f"-gencode=arch=compute_90{src.arch_suffix},code=sm_90{src.arch_suffix}",)
     build = (Path(fc.__file__).parent.parent / "kernels" / "_cuda_build.py").read_text()
     assert all(f'"{flag}"' in build for flag in src.flags)
     assert launch.launch == "xbackend.kernels.na_sm90:shift_launch"

@@ -172,15 +172,25 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from . import _fastkey
+    from .kernels import _cuda_build
 
+    rc = 0
     try:
         _, seconds = _fastkey.build()
     except Exception as e:
         print(f"xbackend build: the C++ dispatch key extension failed to build: {e}", file=sys.stderr)
-        return 1
-    print(f"C++ dispatch keys: {_fastkey.library_path()} ({seconds:.1f} s); later processes load it "
-          f"(unless {_fastkey.ENV}=0)")
-    return 0
+        rc = 1
+    else:
+        print(f"C++ dispatch keys: {_fastkey.library_path()} ({seconds:.1f} s); later processes load it "
+              f"(unless {_fastkey.ENV}=0)")
+    print("CUDA kernels (built for this host's GPUs, cached for later processes):")
+    for r in _cuda_build.prebuild():
+        text = f"ready ({r.seconds:.1f} s)" if r.outcome == "ready" else f"{r.outcome}: {r.detail}"
+        print(f"  {r.label:<22} {text}")
+        if r.outcome == "failed":
+            print(f"xbackend build: {r.label} failed: {r.log or r.detail}", file=sys.stderr)
+            rc = 1
+    return rc
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -221,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("ops", help="every op and its signature")
     o.add_argument("--signatures", action="store_true", help="also the impl and supports() signatures plugins implement")
     o.set_defaults(func=cmd_ops)
-    build = sub.add_parser("build", help="build the C++ dispatch key extension now (a GPU host builds it on first use)")
+    build = sub.add_parser("build", help="build the C++ dispatch-key extension and, on a GPU host, the CUDA kernels "
+                                         "now rather than on first use")
     build.set_defaults(func=cmd_build)
     b = sub.add_parser("bench", help="benchmark ops against eager, torch.compile and copy_ (GPU)")
     b.add_argument("ops", nargs="*", help="ops to bench; default all pointwise ops")

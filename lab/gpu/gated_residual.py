@@ -123,7 +123,7 @@ def fma_checks() -> dict:
     ptx = handle.asm["ptx"]
     out["triton_fp32_ptx_fma"] = len(re.findall(r"\bfma\.rn\.f32", ptx))
     out["triton_fp32_ptx_mul_rn"] = len(re.findall(r"\bmul\.rn\.f32", ptx))
-    mod = cuda_gr._EXT.module  # built by the runs above, or None
+    mod = cuda_gr.EXTENSION.module  # built by the runs above, or None
     cuobjdump = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if mod is not None and Path(cuobjdump).exists():
         sass = subprocess.run([cuobjdump, "-sass", mod.__file__], capture_output=True, text=True).stdout

@@ -56,7 +56,7 @@ NATIVE: dict[str, NativeSource] = {
 
 NATIVE_LAUNCHES: tuple[NativeLaunch, ...] = (
     # na_triton's shift launch on sm90 at head_dim 64 (na_sm90.takes). Its extension's flags and
-    # sm_90a target (na_sm90._EXT), 128-thread blocks and kSmem (na_sm90.cu: q, a 3-slot ring of K
+    # sm_90a target (na_sm90.EXTENSION), 128-thread blocks and kSmem (na_sm90.cu: q, a 3-slot ring of K
     # and V blocks, 1 KiB of alignment slack).
     NativeLaunch("xbackend.kernels.na_sm90:shift_launch", "xbackend.kernels.na_sm90:available",
                  NativeSource("kernels/na_sm90.cu", ("-O3", "--fmad=false"), 4, arch_suffix="a",

@@ -7,14 +7,20 @@ has both rules). A build that fails is not retried in the process: its first com
 the reason the impl is unavailable (the resolver then takes the next candidate), the whole log stays
 in ``build_log()``. Waiting out another process's build that holds the lock too long is such a
 failure too, with one warning that names the lock file.
+
+``prebuild()`` builds the package's extensions (``PACKAGE_EXTENSIONS``) that this host would use, ahead
+of the first call that needs one: ``xbackend build`` runs it.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import shutil
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -25,15 +31,21 @@ from xbackend._cache import BuildLockTimeout, cache_root, load_extension, safe_d
 log = logging.getLogger("xbackend")
 _CSRC = Path(__file__).parent
 
+# The modules that define the package's CUDA extensions, each as its ``EXTENSION``.
+PACKAGE_EXTENSIONS = ("xbackend.kernels.cuda_gated_residual", "xbackend.kernels.na_sm90")
+
 
 class CudaKernelUnavailable(RuntimeError):
     """The CUDA extension cannot be built or loaded here; the message says why."""
 
 
+def _device_capabilities() -> set[tuple[int, int]]:
+    return {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+
+
 def _device_archs() -> list[str]:
     """Compute capabilities of the visible GPUs as nvcc spells them ("90", "100", ...)."""
-    caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
-    return [f"{major}{minor}" for major, minor in sorted(caps)]
+    return [f"{major}{minor}" for major, minor in sorted(_device_capabilities())]
 
 
 def _arch_flags(archs: list[str]) -> list[str]:
@@ -77,12 +89,14 @@ class JitExtension:
     on first ``load()``."""
 
     def __init__(self, name: str, sources: tuple[str, ...], label: str, source_dir: Path = _CSRC,
-                 gencode: tuple[str, ...] | None = None) -> None:
+                 gencode: tuple[str, ...] | None = None, capability: tuple[int, int] | None = None) -> None:
         self.name = name
         self.sources = sources
         self.source_dir = source_dir
         # Fixed nvcc -gencode flags (an arch-specific target such as sm_90a) instead of the visible GPUs'.
         self.gencode = gencode
+        # The one compute capability whose GPUs run it (that of an arch-specific gencode), or None.
+        self.capability = capability
         self.label = label  # the error prefix: "<label> unavailable: <reason>"
         self.module: ModuleType | None = None
         self.failure: str | None = None
@@ -133,3 +147,44 @@ class JitExtension:
         except Exception as exc:  # a probe must not raise
             return f"{type(exc).__name__}: {exc}"
         return None
+
+    def unused_reason(self) -> str | None:
+        """Why no GPU of this host would run the extension, or None (does not build anything)."""
+        reason = environment_reason()
+        if reason is None and self.capability is not None and self.capability not in _device_capabilities():
+            major, minor = self.capability
+            reason = f"no sm{major}{minor} GPU visible (built for {', '.join(self.gencode or ())} only)"
+        return reason
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    """One extension's outcome in ``prebuild``: ``ready`` (built, or loaded from the cache), ``skipped``
+    (this host would not use it) or ``failed``; ``detail`` is the reason for the last two, ``log`` a
+    failed build's whole compiler output."""
+
+    label: str
+    outcome: str
+    seconds: float
+    detail: str = ""
+    log: str | None = None
+
+
+def package_extensions() -> list[JitExtension]:
+    return [importlib.import_module(module).EXTENSION for module in PACKAGE_EXTENSIONS]
+
+
+def prebuild(extensions: list[JitExtension] | None = None) -> list[Prebuilt]:
+    """Build (or load from the cache) each extension this host's GPUs would run; default the package's."""
+    results = []
+    for ext in package_extensions() if extensions is None else extensions:
+        reason = ext.unused_reason()
+        if reason is not None:
+            results.append(Prebuilt(ext.label, "skipped", 0.0, reason))
+            continue
+        start = time.perf_counter()
+        reason = ext.available()
+        seconds = time.perf_counter() - start
+        results.append(Prebuilt(ext.label, "ready", seconds) if reason is None
+                       else Prebuilt(ext.label, "failed", seconds, reason, ext.failure_detail))
+    return results

@@ -15,19 +15,20 @@ import torch
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
 from xbackend.kernels._gated_residual_layout import analyze
 
-__all__ = ["CudaKernelUnavailable", "available", "build_log", "entry", "gated_residual", "supports"]
+__all__ = ["EXTENSION", "CudaKernelUnavailable", "available", "build_log", "entry", "gated_residual", "supports"]
 
-_EXT = JitExtension("xbackend_gated_residual", ("gated_residual_binding.cpp", "gated_residual.cu"), "cuda gated_residual")
+EXTENSION = JitExtension("xbackend_gated_residual", ("gated_residual_binding.cpp", "gated_residual.cu"),
+                         "cuda gated_residual")
 
 
 def build_log() -> str | None:
     """The full compiler output of a failed build, or None."""
-    return _EXT.failure_detail
+    return EXTENSION.failure_detail
 
 
 def available() -> str | None:
     """None when the CUDA kernel can run here (building it if needed), else the reason. Never raises."""
-    return _EXT.available()
+    return EXTENSION.available()
 
 
 def supports(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> str | None:
@@ -63,7 +64,7 @@ def gated_residual(
     Raises CudaKernelUnavailable if the extension cannot be built, RuntimeError naming the argument
     for inputs or knobs the kernels do not take.
     """
-    mod = _EXT.module or _EXT.load()
+    mod = EXTENSION.module or EXTENSION.load()
     if rows_per_thread or packs_per_thread or block_cols or load_hint:
         return mod.gated_residual(x, update, gate, rows_per_thread, packs_per_thread, block_cols, load_hint)
     return mod.gated_residual(x, update, gate)
@@ -72,6 +73,6 @@ def gated_residual(
 def entry() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """The extension's own ``gated_residual(x, update, gate)`` (C, no Python frame), building it if it can
     be built here; else this module's ``gated_residual``, which raises why. Same results, same errors."""
-    if _EXT.module is None:
-        _EXT.available()
-    return _EXT.module.gated_residual if _EXT.module is not None else gated_residual
+    if EXTENSION.module is None:
+        EXTENSION.available()
+    return EXTENSION.module.gated_residual if EXTENSION.module is not None else gated_residual

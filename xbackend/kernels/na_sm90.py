@@ -33,11 +33,11 @@ import torch
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
 from xbackend.kernels.na_triton_config import NAConfig, visited_pairs
 
-__all__ = ["KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernelUnavailable", "available", "build_log",
+__all__ = ["EXTENSION", "KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernelUnavailable", "available", "build_log",
            "layout_reason", "pays", "shift_launch", "supports", "switched_on", "takes"]
 
-_EXT = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
-                    gencode=("-gencode=arch=compute_90a,code=sm_90a",))
+EXTENSION = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
+                         gencode=("-gencode=arch=compute_90a,code=sm_90a",), capability=(9, 0))
 
 # On unless XBACKEND_NA_SM90=0 (the way back to na_triton's own shift launch). Read at each call, so a
 # test, or the fleet's capture of a deployment's environment, can set it without reimporting.
@@ -55,12 +55,12 @@ def switched_on() -> bool:
 
 def build_log() -> str | None:
     """The full compiler output of a failed build, or None."""
-    return _EXT.failure_detail
+    return EXTENSION.failure_detail
 
 
 def available() -> str | None:
     """None when the kernel can run here (building it if needed), else the reason. Never raises."""
-    return _EXT.available()
+    return EXTENSION.available()
 
 
 def layout_reason(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch.Tensor,
@@ -128,7 +128,7 @@ def shift_launch(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, o3: torch
     """The shift launch on the current stream of q's device (which must be the current device).
     ``qk_scale`` includes log2(e); ``knorm`` is ``key_norm.max_key_norm(k3)``; ``flags`` int32, zeroed,
     one per tile of na_triton's grid. Raises CudaKernelUnavailable if the extension cannot be built."""
-    mod = _EXT.module or _EXT.load()
+    mod = EXTENSION.module or EXTENSION.load()
     b, s0, s1, s2, heads, _ = q3.shape
     stream = torch.cuda.current_stream(q3.device).cuda_stream
     mod.shift(q3.data_ptr(), k3.data_ptr(), v3.data_ptr(), o3.data_ptr(), knorm.data_ptr(), flags.data_ptr(),
