@@ -31,6 +31,7 @@ RESERVED_PLUGINS = {CORE: None, REFERENCE: None, "cuda": "xbackend_cuda.plugin",
 _DISTRIBUTION = "xbackend"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
+_WARNED: set[tuple[str, str]] = set()
 
 
 def env_list(name: str) -> frozenset[str]:
@@ -38,18 +39,22 @@ def env_list(name: str) -> frozenset[str]:
     return frozenset(p.strip() for p in os.environ.get(name, "").split(",") if p.strip())
 
 
-def env_flag(name: str, problems: list[str] | None = None) -> bool:
-    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case); unset is false."""
+def env_flag(name: str, problems: list[str] | None = None, default: bool = False) -> bool:
+    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case); unset or empty is
+    ``default``. Any other value is ``default`` too, with one warning a value (it may be read at every call)."""
     raw = os.environ.get(name, "")
     value = raw.strip().lower()
     if value in _TRUE:
         return True
-    if value not in _FALSE:
-        message = f"{name}={raw!r} is not a boolean (1/true/yes/on or 0/false/no/off); taken as false"
+    if value in _FALSE:
+        return default if value == "" else False
+    message = f"{name}={raw!r} is not a boolean (1/true/yes/on or 0/false/no/off); taken as {str(default).lower()}"
+    if (name, raw) not in _WARNED:
+        _WARNED.add((name, raw))
         log.warning("xbackend: %s", message)
-        if problems is not None:
-            problems.append(message)
-    return False
+    if problems is not None:
+        problems.append(message)
+    return default
 
 
 @dataclass

@@ -5,6 +5,7 @@ of test_na_kernels and against na_triton's own shift launch."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import torch
 from test_na_kernels import make_qkv, reference, rel_err
 
+from xbackend import _plugins
 from xbackend.kernels import na_sm90
 
 SRC = Path(na_sm90.__file__).with_name("na_sm90.cu")
@@ -60,12 +62,24 @@ def test_layout_needs_contiguous_tensors():
     assert reason is not None and "contiguous" in reason
 
 
-@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("0", False), ("1", True)])
-def test_switched_on_unless_turned_off(value: str | None, enabled: bool, monkeypatch):
+@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("", True), ("0", False), ("false", False), (" Off", False),
+                                               ("no", False), ("1", True), ("TRUE", True)])
+def test_switched_on_unless_turned_off(value: str | None, enabled: bool, monkeypatch, caplog):
     monkeypatch.delenv(na_sm90.SWITCH, raising=False)
     if value is not None:
         monkeypatch.setenv(na_sm90.SWITCH, value)
-    assert na_sm90.switched_on() is enabled
+    with caplog.at_level(logging.WARNING, "xbackend"):
+        assert na_sm90.switched_on() is enabled
+    assert not caplog.records
+
+
+def test_a_switch_value_that_is_not_a_boolean_warns_once_and_leaves_it_on(monkeypatch, caplog):
+    monkeypatch.setattr(_plugins, "_WARNED", set())
+    monkeypatch.setenv(na_sm90.SWITCH, "disabled-please")
+    with caplog.at_level(logging.WARNING, "xbackend"):
+        assert na_sm90.switched_on() and na_sm90.switched_on()
+    assert [r.getMessage() for r in caplog.records] == [
+        "xbackend: XBACKEND_NA_SM90='disabled-please' is not a boolean (1/true/yes/on or 0/false/no/off); taken as true"]
 
 
 @pytest.mark.parametrize(("spatial", "kernel", "kv_tile", "taken"), [

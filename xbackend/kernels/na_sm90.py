@@ -26,10 +26,10 @@ compute-sanitizer's memcheck finds no error (``lab/gpu/na_sm90_check.py``, na_sm
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
+from xbackend._plugins import env_flag
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
 from xbackend.kernels.na_triton_config import NAConfig, visited_pairs
 
@@ -39,8 +39,8 @@ __all__ = ["EXTENSION", "KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernel
 EXTENSION = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
                          gencode=("-gencode=arch=compute_90a,code=sm_90a",), capability=(9, 0))
 
-# On unless XBACKEND_NA_SM90=0 (the way back to na_triton's own shift launch). Read at each call, so a
-# test, or the fleet's capture of a deployment's environment, can set it without reimporting.
+# On unless XBACKEND_NA_SM90=0 (or false/no/off): the way back to na_triton's own shift launch. Read at
+# each call, so a test, or the fleet's capture of a deployment's environment, can set it without reimporting.
 SWITCH = "XBACKEND_NA_SM90"
 # A tile's key box along axis 2 is window + 3 keys, and one 14-key block must cover it.
 MAX_WINDOW = 11
@@ -49,8 +49,9 @@ KV_TILE = (2, 2, 14)  # the key blocks of q.k (p.v pads each to 64 keys)
 
 
 def switched_on() -> bool:
-    """Whether the environment leaves the kernel on (anything but ``XBACKEND_NA_SM90=0``)."""
-    return os.environ.get(SWITCH, "1") != "0"
+    """Whether the environment leaves the kernel on: unset, or a true value; ``XBACKEND_NA_SM90=0``
+    (or false/no/off) turns it off. A value that is not a boolean warns once and leaves it on."""
+    return env_flag(SWITCH, default=True)
 
 
 def build_log() -> str | None:
