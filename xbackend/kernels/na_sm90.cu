@@ -281,14 +281,21 @@ const char *xb_na_shift_sm90(const void *q, const void *k, const void *v, void *
         !encode(&tv, v, B, N0, N1, N2, heads, kBoxW, 2, 2)) {
         return "cuTensorMapEncodeTiled rejected a tensor";
     }
-    if (cudaFuncSetAttribute(na_shift_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) {
-        return cudaGetErrorString(cudaGetLastError());
+    // Each CUDA call's own return value is its status: the last-error state is not read before the
+    // launch (an earlier, unread error belongs to whoever launched it) and is cleared only of this call's.
+    cudaError_t err = cudaFuncSetAttribute(na_shift_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err == cudaSuccess) {
+        const unsigned tiles = (unsigned)(((N0 + 3) / 4) * ((N1 + 3) / 4) * ((N2 + 3) / 4));
+        __nv_bfloat16 *o = static_cast<__nv_bfloat16 *>(out);
+        const __nv_bfloat16 *qg = static_cast<const __nv_bfloat16 *>(q);
+        void *args[] = {&tq, &tk, &tv, &o, &qg, &knorm, &flags, &N0, &N1, &N2, &heads, &ks0, &ks1, &ks2,
+                        &qk_scale, &shift_max};
+        err = cudaLaunchKernel(reinterpret_cast<const void *>(na_shift_sm90), dim3(tiles, B * heads), dim3(128), args,
+                               kSmem, stream);
     }
-    const unsigned tiles = (unsigned)(((N0 + 3) / 4) * ((N1 + 3) / 4) * ((N2 + 3) / 4));
-    (void)cudaGetLastError();  // an earlier launch's unread error is not this launch's
-    na_shift_sm90<<<dim3(tiles, B * heads), 128, kSmem, stream>>>(
-        tq, tk, tv, static_cast<__nv_bfloat16 *>(out), static_cast<const __nv_bfloat16 *>(q), knorm, flags, N0, N1, N2,
-        heads, ks0, ks1, ks2, qk_scale, shift_max);
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // this call's error, reported here, must not read as a later launch's
+        return cudaGetErrorString(err);
+    }
+    return nullptr;
 }
