@@ -15,10 +15,10 @@ use for ``sm_90a`` only (wgmma and TMA are that target's).
 
 On the H200 (torch 2.11 + cu130, Triton 3.6, nvcc 13, 2026-12-05): the DiffVAE stage-5 tile's call
 through ``get_op`` (key-norm pass, flags, this kernel, the online launch for flagged tiles) took 2.418,
-2.435 and 2.524 ms in three runs of ``python3 benchmarks/na_sol.py --cases plain`` (208, 206 and 199
-useful TFLOP/s); interleaved with na_triton's own shift launch (``python3 lab/gpu/na_sm90_rounds.py``,
-two runs of nine rounds) medians 2.500 and 2.547 ms against 2.681 and 2.659 ms, outputs 1.5e-4
-relative apart (lab/results/h200/na_sol_sm90*.txt, na_sm90_rounds*.txt). Its GPU tests, ragged tiles
+2.435, 2.524 and 2.488 ms in four runs of ``python3 benchmarks/na_sol.py --cases plain`` (208, 206, 199
+and 202 useful TFLOP/s); interleaved with na_triton's own shift launch (``python3
+lab/gpu/na_sm90_rounds.py``, three runs of nine rounds) medians 2.500, 2.547 and 2.476 ms against 2.681,
+2.659 and 2.609 ms, outputs 1.5e-4 relative apart (lab/results/h200/na_sol_sm90*.txt, na_sm90_rounds*.txt). Its GPU tests, ragged tiles
 and windows 1-11 against the fp32 reference and na_triton's output, pass (gpu_tests_na_sm90.txt), and
 compute-sanitizer's memcheck finds no error (``lab/gpu/na_sm90_check.py``, na_sm90_memcheck.txt).
 """
