@@ -2,7 +2,7 @@
 
 Every eager call builds a key of its inputs and looks it up in the dispatch cache (``xbackend bench
 dispatch``, the whole ``get_op(...)(...)`` call over calling the impl directly: 0.82 µs with the C++ key,
-2.00 µs with the Python key, ``XBACKEND_FAST_KEY=0``; 2-core CPU, torch 2.13.0 CPU, 2026-12-05). The
+1.98 µs with the Python key, ``XBACKEND_FAST_KEY=0``; 2-core CPU, torch 2.13.0 CPU, 2026-12-05). The
 Python keys (``key`` in ``xbackend/ops/*.py``) read shape, stride(), dtype and device of every tensor,
 47-95 ns per attribute on a CPU tensor (``timeit`` of ``t.shape``, ``t.stride()``, ``t.dtype``,
 ``t.device``; same machine, version and date); the C++ key reads the same four

@@ -74,7 +74,7 @@ class Plugins:
         self.pm = pluggy.PluginManager(CORE)
         self.pm.add_hookspecs(hookspecs)
         # Load-time problems (unknown names, refused plugins, bad environment values), one line each:
-        # logged once here, listed by ``xbackend info``, fatal under ``--strict``.
+        # logged (once a process for each bad value), listed by ``xbackend info``, fatal under ``--strict``.
         self.problems: list[str] = []
         self.blocked = self._blocklist(block)
         self.status: dict[str, PluginStatus] = {}

@@ -94,3 +94,25 @@ def test_xbackend_build_reports_each_extension_and_fails_on_a_failed_build(monke
         assert ("ready (2.0 s)" if r.outcome == "ready" else f"{r.outcome}: {r.detail}") in line
     assert ("failed: the whole log" in err) == ("failed" in outcomes)
     assert ("dispatch key extension failed" in err) == keys_fail
+
+
+def test_by_default_prebuild_reports_each_package_extension(monkeypatch) -> None:
+    monkeypatch.setattr(_cuda_build, "environment_reason", lambda: "no CUDA device")
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda **kw: pytest.fail("nothing may build"))
+    assert [(r.label, r.outcome) for r in _cuda_build.prebuild()] == [
+        ("cuda gated_residual", "skipped"), ("cuda na_sm90", "skipped")]
+
+
+@pytest.mark.parametrize(("value", "built"), [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_an_extension_whose_switch_is_off_is_not_built(gpu_host, monkeypatch, value, built) -> None:
+    monkeypatch.delenv("XB_TEST_SWITCH", raising=False)
+    if value is not None:
+        monkeypatch.setenv("XB_TEST_SWITCH", value)
+    (result,) = _cuda_build.prebuild([fresh("switched", switch="XB_TEST_SWITCH")])
+    assert (result.outcome, bool(gpu_host)) == (("ready", True) if built else ("skipped", False))
+    if not built:
+        assert result.detail == f"switched off (XB_TEST_SWITCH={value})"
+
+
+def test_na_sm90s_extension_follows_its_switch() -> None:
+    assert na_sm90.EXTENSION.switch == na_sm90.SWITCH

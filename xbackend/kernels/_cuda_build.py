@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
 import shutil
 import threading
@@ -27,6 +28,7 @@ from types import ModuleType
 import torch
 
 from xbackend._cache import BuildLockTimeout, cache_root, load_extension, safe_dir
+from xbackend._plugins import env_flag
 
 log = logging.getLogger("xbackend")
 _CSRC = Path(__file__).parent
@@ -89,7 +91,8 @@ class JitExtension:
     on first ``load()``."""
 
     def __init__(self, name: str, sources: tuple[str, ...], label: str, source_dir: Path = _CSRC,
-                 gencode: tuple[str, ...] | None = None, capability: tuple[int, int] | None = None) -> None:
+                 gencode: tuple[str, ...] | None = None, capability: tuple[int, int] | None = None,
+                 switch: str | None = None) -> None:
         self.name = name
         self.sources = sources
         self.source_dir = source_dir
@@ -97,6 +100,8 @@ class JitExtension:
         self.gencode = gencode
         # The one compute capability whose GPUs run it (that of an arch-specific gencode), or None.
         self.capability = capability
+        # The environment switch (on unless false) that turns its kernel off, or None.
+        self.switch = switch
         self.label = label  # the error prefix: "<label> unavailable: <reason>"
         self.module: ModuleType | None = None
         self.failure: str | None = None
@@ -150,6 +155,8 @@ class JitExtension:
 
     def unused_reason(self) -> str | None:
         """Why no GPU of this host would run the extension, or None (does not build anything)."""
+        if self.switch is not None and not env_flag(self.switch, default=True):
+            return f"switched off ({self.switch}={os.environ.get(self.switch)})"
         reason = environment_reason()
         if reason is None and self.capability is not None and self.capability not in _device_capabilities():
             major, minor = self.capability

@@ -10,7 +10,7 @@ na_triton's online launch through the same flags.
 
 ``na_triton.neighborhood_attention`` takes it for the shift launch where ``supports`` says so, it
 computes no more query-key pairs than na_triton's own blocks (``pays``), the extension builds
-(``available``) and ``switched_on()`` (unless ``XBACKEND_NA_SM90=0``). The extension is built on first
+(``available``) and ``switched_on()`` (unless ``XBACKEND_NA_SM90`` is 0/false/no/off). The extension is built on first
 use for ``sm_90a`` only (wgmma and TMA are that target's).
 
 On the H200 (torch 2.11 + cu130, Triton 3.6, nvcc 13, 2026-12-05): the DiffVAE stage-5 tile's call
@@ -36,12 +36,12 @@ from xbackend.kernels.na_triton_config import NAConfig, visited_pairs
 __all__ = ["EXTENSION", "KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernelUnavailable", "available", "build_log",
            "layout_reason", "pays", "shift_launch", "supports", "switched_on", "takes"]
 
-EXTENSION = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
-                         gencode=("-gencode=arch=compute_90a,code=sm_90a",), capability=(9, 0))
-
 # On unless XBACKEND_NA_SM90=0 (or false/no/off): the way back to na_triton's own shift launch. Read at
 # each call, so a test, or the fleet's capture of a deployment's environment, can set it without reimporting.
 SWITCH = "XBACKEND_NA_SM90"
+
+EXTENSION = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
+                         gencode=("-gencode=arch=compute_90a,code=sm_90a",), capability=(9, 0), switch=SWITCH)
 # A tile's key box along axis 2 is window + 3 keys, and one 14-key block must cover it.
 MAX_WINDOW = 11
 Q_TILE = (4, 4, 4)

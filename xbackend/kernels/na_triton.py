@@ -38,7 +38,7 @@ fp32; bf16/fp16 operands on the tensor cores.
   shift launch runs as ``na_gluon``'s Gluon kernel, the same walk with its wgmmas asynchronous (the
   next block's q.k in flight during this block's softmax, p.v in flight through the next trip) and q
   in registers; bit for bit this kernel's shift launch. The online launch stays this kernel's.
-* sm90 shift launch (``na_sm90``, unless ``XBACKEND_NA_SM90=0``): at head_dim 64 with 4 x 4 x 4 tiles and
+* sm90 shift launch (``na_sm90``, unless ``XBACKEND_NA_SM90`` is 0/false/no/off): at head_dim 64 with 4 x 4 x 4 tiles and
   windows of at most 11 on an sm90 GPU the shift launch is a CUDA C++ kernel that walks each tile's key box in 2 x 2 x 14
   blocks (56 keys: the exact 14-key box width along axis 2, which a power-of-two Triton block rounds
   up to 16), where that computes no more pairs than this kernel's blocks. Same walk, bounds and
