@@ -6,6 +6,7 @@ test_faults_keys)."""
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import subprocess
 import sys
 import threading
@@ -441,6 +442,21 @@ def test_autoload_switch_parses_booleans(value: str, autoload: bool, monkeypatch
     monkeypatch.delenv("XBACKEND_PLUGINS", raising=False)
     rt = xbackend.Runtime()
     assert ("cuda" in rt.plugins) is autoload
+
+
+def test_a_bad_autoload_value_is_a_problem_of_every_runtime_and_warns_once(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from xbackend import _cache
+
+    monkeypatch.setattr(_cache, "_warned", set())
+    monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "maybe")
+    monkeypatch.delenv("XBACKEND_PLUGINS", raising=False)
+    message = ("XBACKEND_DISABLE_PLUGIN_AUTOLOAD='maybe' is not a boolean (1/true/yes/on or 0/false/no/off); "
+               "taken as false")
+    with caplog.at_level(logging.WARNING, "xbackend"):
+        runtimes = [xbackend.Runtime(), xbackend.Runtime()]
+    assert all("cuda" in rt.plugins and message in rt.problems for rt in runtimes)
+    assert [r.getMessage() for r in caplog.records if "maybe" in r.getMessage()] == [f"xbackend: {message}"]
 
 
 def test_unknown_plugin_and_block_names_are_reported(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -59,7 +59,7 @@ from typing import Any
 
 __all__ = [
     "BuildLockTimeout", "build_lock", "cache_root", "check_owned", "find_safe_dir", "load_extension",
-    "lock_timeout", "safe_dir",
+    "lock_timeout", "safe_dir", "warn_once",
 ]
 
 log = logging.getLogger("xbackend")
@@ -85,7 +85,9 @@ def cache_root() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "xbackend"
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
+    """Log ``message`` as a warning the first time this process sees ``key`` (e.g. a bad environment
+    value that may be read at every call)."""
     if key not in _warned:
         _warned.add(key)
         log.warning("%s", message)
@@ -181,18 +183,18 @@ def _resolve(path: Path, create: bool) -> Path | None:
             why = _make(base / rel) or _tree_problem(base, rel)
         if why is None:
             if problems:
-                _warn_once("; ".join(problems), f"xbackend: {'; '.join(problems)}; using {shown / rel} instead ({_FIX})")
+                warn_once("; ".join(problems), f"xbackend: {'; '.join(problems)}; using {shown / rel} instead ({_FIX})")
             return shown / rel
         problems.append(why)
     tmp = _private_tmp(create)
     key = "; ".join(problems)
     if tmp is None:
-        _warn_once(key, f"xbackend: {key}; no prebuilt extension is loaded from there ({_FIX})")
+        warn_once(key, f"xbackend: {key}; no prebuilt extension is loaded from there ({_FIX})")
         return None
     target = tmp / rel
     if create and (why := _make(target)):
         raise OSError(why)
-    _warn_once(key, f"xbackend: {key}; building in {target} instead, a temporary directory removed at exit ({_FIX})")
+    warn_once(key, f"xbackend: {key}; building in {target} instead, a temporary directory removed at exit ({_FIX})")
     return target
 
 
@@ -229,7 +231,7 @@ def lock_timeout() -> float:
         value = math.nan
     if math.isfinite(value) and value >= 0:
         return value
-    _warn_once(f"{LOCK_TIMEOUT_ENV}={raw}", f"xbackend: {LOCK_TIMEOUT_ENV}={raw!r} is not a finite number of seconds "
+    warn_once(f"{LOCK_TIMEOUT_ENV}={raw}", f"xbackend: {LOCK_TIMEOUT_ENV}={raw!r} is not a finite number of seconds "
                f">= 0; using {DEFAULT_LOCK_TIMEOUT_S:g}")
     return DEFAULT_LOCK_TIMEOUT_S
 

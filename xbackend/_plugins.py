@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pluggy
 
 from . import hookspecs
+from ._cache import warn_once
 from ._device import DeviceFamily, families, family_problem
 from ._policy import REFERENCE
 from ._registry import Registrar, Registry
@@ -31,7 +32,6 @@ RESERVED_PLUGINS = {CORE: None, REFERENCE: None, "cuda": "xbackend_cuda.plugin",
 _DISTRIBUTION = "xbackend"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
-_WARNED: set[tuple[str, str]] = set()
 
 
 def env_list(name: str) -> frozenset[str]:
@@ -49,9 +49,7 @@ def env_flag(name: str, problems: list[str] | None = None, default: bool = False
     if value in _FALSE:
         return default if value == "" else False
     message = f"{name}={raw!r} is not a boolean (1/true/yes/on or 0/false/no/off); taken as {str(default).lower()}"
-    if (name, raw) not in _WARNED:
-        _WARNED.add((name, raw))
-        log.warning("xbackend: %s", message)
+    warn_once(f"{name}={raw}", f"xbackend: {message}")
     if problems is not None:
         problems.append(message)
     return default

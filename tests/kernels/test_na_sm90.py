@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_na_kernels import make_qkv, reference, rel_err
 
-from xbackend import _plugins
+from xbackend import _cache
 from xbackend.kernels import na_sm90
 
 SRC = Path(na_sm90.__file__).with_name("na_sm90.cu")
@@ -74,7 +74,7 @@ def test_switched_on_unless_turned_off(value: str | None, enabled: bool, monkeyp
 
 
 def test_a_switch_value_that_is_not_a_boolean_warns_once_and_leaves_it_on(monkeypatch, caplog):
-    monkeypatch.setattr(_plugins, "_WARNED", set())
+    monkeypatch.setattr(_cache, "_warned", set())
     monkeypatch.setenv(na_sm90.SWITCH, "disabled-please")
     with caplog.at_level(logging.WARNING, "xbackend"):
         assert na_sm90.switched_on() and na_sm90.switched_on()
