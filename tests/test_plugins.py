@@ -123,3 +123,87 @@ def test_an_impl_whose_fn_does_not_import_is_unavailable_not_chosen() -> None:
         plan = xbackend.plan("rmsnorm", "cpu")
         ghost = next(r for r in plan.rows if r.impl == "ghost")
         assert not ghost.chosen and "cannot import fn 'no_such_package.kernels:rmsnorm'" in (ghost.reason or "")
+
+
+# -- a third-party entry point named like a builtin backend ------------------------------------------
+IMPOSTOR_PLUGIN = '''
+import xbackend
+
+@xbackend.hookimpl
+def xbackend_register_impls(registrar):
+    registrar.register(op="gated_residual", name="impostor", fn=lambda x, u, g: x, priority=10**6, devices="*")
+'''
+
+
+def _impostor_distribution(root, name: str = "cuda") -> None:
+    """An installed distribution 'evil-dist' whose entry point takes a builtin backend's name."""
+    info = root / "evil_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[xbackend]\n{name} = evil_cuda.plugin\n")
+    (root / "evil_cuda").mkdir()
+    (root / "evil_cuda" / "__init__.py").write_text("")
+    (root / "evil_cuda" / "plugin.py").write_text(IMPOSTOR_PLUGIN)
+
+
+@pytest.mark.parametrize("order", ["impostor_first", "impostor_last"])
+def test_an_entry_point_named_like_a_builtin_backend_is_refused_and_the_builtin_still_loads(
+        monkeypatch: pytest.MonkeyPatch, tmp_path, capsys, order: str) -> None:
+    from xbackend.cli import main
+    from xbackend.fleet.matrix import plugin_records
+
+    _impostor_distribution(tmp_path)
+    path = [str(tmp_path), *sys.path] if order == "impostor_first" else [*sys.path, str(tmp_path)]
+    monkeypatch.setattr(sys, "path", path)
+    importlib.invalidate_caches()
+    found = [(ep.name, ep.dist.name) for ep in importlib.metadata.entry_points(group="xbackend") if ep.name == "cuda"]
+    assert found == ([("cuda", "evil-dist"), ("cuda", "xbackend")] if order == "impostor_first"
+                     else [("cuda", "xbackend"), ("cuda", "evil-dist")])
+
+    def check(rt) -> None:
+        builtin, impostor = rt.plugins["cuda"], rt.plugins["cuda@evil-dist"]
+        assert builtin.error is None and builtin.impls and "xbackend_cuda.plugin (xbackend)" in builtin.source
+        assert impostor.name == "cuda@evil-dist" and "evil_cuda.plugin (evil-dist)" in impostor.source
+        assert "the plugin name 'cuda' is reserved for the builtin backend" in (impostor.error or "")
+        assert "evil_cuda" not in sys.modules  # refused before its module is imported
+        assert xbackend.plan("gated_residual", "sm90").chosen.backend == "cuda"
+        assert "impostor" not in [i.name for i in rt.candidates("gated_residual")]
+        (problem,) = [p for p in xbackend.problems() if "evil-dist" in p]
+        assert problem.startswith("plugin 'cuda@evil-dist' from evil-dist: refused")
+        assert [s.name for s in xbackend.plugins()].count("cuda") == 1
+        records = {r["name"]: r for r in plugin_records(rt)}  # the fleet JSON's plugin list
+        assert (records["cuda"]["distribution"], records["cuda@evil-dist"]["distribution"]) == ("xbackend", "evil-dist")
+
+    with fresh_runtime(autoload=True) as rt:
+        check(rt)
+        assert main(["info"]) == 0
+        out = capsys.readouterr().out
+        assert "  cuda@evil-dist FAILED: refused: the plugin name 'cuda' is reserved" in out
+        assert any(line.split()[:1] == ["cuda"] and "impls" in line for line in out.splitlines())
+        assert main(["plan", "--device", "h200", "--op", "gated_residual", "--strict"]) == 3
+        assert "plugin 'cuda@evil-dist' from evil-dist: refused" in capsys.readouterr().err
+    # Autoload off, the builtin named: the impostor shares the name, so it is considered and refused.
+    monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("XBACKEND_PLUGINS", "cuda")
+    with fresh_runtime(autoload=None) as rt:
+        check(rt)
+        assert set(rt.plugins) == {"cuda", "cuda@evil-dist"}
+
+
+def test_a_second_entry_point_of_a_taken_name_is_reported_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Dist:
+        def __init__(self, name: str) -> None:
+            self.name, self.version = name, "1.0"
+
+    first, second = _module(_ok), _module(lambda registrar: None)
+    monkeypatch.setitem(sys.modules, "xb_test_first", first)
+    monkeypatch.setitem(sys.modules, "xb_test_second", second)
+    eps = [importlib.metadata.EntryPoint(name="vendor", value=f"xb_test_{w}", group="xbackend") for w in ("first", "second")]
+    for ep, dist in zip(eps, ("vendor-a", "vendor-b"), strict=True):
+        object.__setattr__(ep, "dist", Dist(dist))
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: eps)
+    with fresh_runtime(autoload=True) as rt:
+        assert rt.plugins["vendor"].error is None and rt.plugins["vendor"].impls == ["rmsnorm:good"]
+        taken = rt.plugins["vendor@vendor-b"]
+        assert "the plugin name 'vendor' is taken by entry point xb_test_first (vendor-a)" in (taken.error or "")
+        assert any(p.startswith("plugin 'vendor@vendor-b' from vendor-b: refused") for p in rt.load_problems())

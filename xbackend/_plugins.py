@@ -57,10 +57,14 @@ def env_flag(name: str, problems: list[str] | None = None, default: bool = False
 
 @dataclass
 class PluginStatus:
+    # The plugin's name, or for an entry point whose name an earlier one (or the builtin backend) holds,
+    # "<name>@<distribution>": its refusal never takes the place of the status that name keys.
     name: str
     source: str  # "entry point <value> (<distribution>)", "explicit"
     error: str | None = None
     impls: list[str] = field(default_factory=list)
+    distribution: str | None = None  # an entry point's distribution and its version
+    version: str | None = None
 
 
 class Plugins:
@@ -104,42 +108,72 @@ class Plugins:
         return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
 
     def _load_entry_points(self, only: frozenset[str] | None) -> None:
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if (only is not None and ep.name not in only) or ep.name in self.status:
+        # The builtin backends first: an entry point of another distribution that takes their name is
+        # then always the one refused, whatever the order of the two on sys.path.
+        eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not _is_builtin(ep))
+        seen: set[tuple[str, str]] = set()
+        for ep in eps:
+            if only is not None and ep.name not in only:
                 continue
-            dist = getattr(getattr(ep, "dist", None), "name", None) or "an unknown distribution"
+            dist_obj = getattr(ep, "dist", None)
+            dist = getattr(dist_obj, "name", None) or "an unknown distribution"
             source = f"entry point {ep.value} ({dist})"
+            if (ep.name, source) in seen:
+                continue  # the same distribution found twice on sys.path: one plugin
+            seen.add((ep.name, source))
+            status = PluginStatus(self._key(ep.name, dist), source, distribution=getattr(dist_obj, "name", None),
+                                  version=getattr(dist_obj, "version", None))
             refusal = _reserved_refusal(ep.name, ep.value, dist)
+            if refusal is None and status.name != ep.name:
+                refusal = (f"refused: the plugin name {ep.name!r} is taken by {self.status[ep.name].source}; "
+                           f"one of the two packages must use another entry-point name")
             if refusal is not None:
-                self.status[ep.name] = PluginStatus(ep.name, source, refusal)
-                self.problem(f"plugin {ep.name!r} from {dist}: {refusal}")
-                continue
-            if ep.name in self.blocked:
-                self.status[ep.name] = PluginStatus(ep.name, source, "blocked by XBACKEND_BLOCK")
-                continue
-            try:
-                obj = ep.load()
-            except Exception as e:
-                self.status[ep.name] = PluginStatus(ep.name, source, f"import failed: {type(e).__name__}: {e}")
-                log.warning("xbackend: plugin %r failed to import and was skipped: %s: %s", ep.name, type(e).__name__, e)
-                continue
-            self._add_plugin(ep.name, obj, source)
+                status.error = refusal
+                self.status[status.name] = status
+                self.problem(f"plugin {status.name!r} from {dist}: {refusal}")
+            elif ep.name in self.blocked:
+                status.error = "blocked by XBACKEND_BLOCK"
+                self.status[status.name] = status
+            else:
+                try:
+                    obj = ep.load()
+                except Exception as e:
+                    status.error = f"import failed: {type(e).__name__}: {e}"
+                    self.status[status.name] = status
+                    log.warning("xbackend: plugin %r failed to import and was skipped: %s: %s", ep.name,
+                                type(e).__name__, e)
+                    continue
+                self._add_plugin(ep.name, obj, source, status)
 
-    def _add_plugin(self, name: str, obj: object, source: str) -> None:
+    def _key(self, name: str, owner: str) -> str:
+        """The status key of a plugin called ``name``: the name itself while no status holds it, else
+        ``name@owner`` (numbered when even that is taken)."""
+        key, n = name, 1
+        while key in self.status:
+            n += 1
+            key = f"{name}@{owner}" if n == 2 else f"{name}@{owner}#{n - 1}"
+        return key
+
+    def _add_plugin(self, name: str, obj: object, source: str, status: PluginStatus | None = None) -> None:
+        """Register ``obj`` as ``name``. A plugin is registered only under a name no status holds, so
+        the status of a registered plugin is always ``self.status[name]``."""
         if source == "explicit" and name in RESERVED_PLUGINS and (
                 RESERVED_PLUGINS[name] is None or getattr(obj, "__name__", None) != RESERVED_PLUGINS[name]):
             raise ValueError(f"Runtime: plugin name {name!r} is reserved for xbackend's own "
                              f"{'reference' if RESERVED_PLUGINS[name] is None else 'builtin backend'}; "
                              f"register this plugin under another name")
-        if name in self.blocked:
-            self.status[name] = PluginStatus(name, source, "blocked by XBACKEND_BLOCK")
-            return
-        try:
-            self.pm.register(obj, name=name)
-        except Exception as e:
-            self.status[name] = PluginStatus(name, source, f"register failed: {type(e).__name__}: {e}")
-            return
-        self.status[name] = PluginStatus(name, source)
+        if status is None:
+            status = PluginStatus(self._key(name, "explicit"), source)
+        if status.name != name:
+            status.error = f"register failed: the plugin name {name!r} is taken by {self.status[name].source}"
+        elif name in self.blocked:
+            status.error = "blocked by XBACKEND_BLOCK"
+        else:
+            try:
+                self.pm.register(obj, name=name)
+            except Exception as e:
+                status.error = f"register failed: {type(e).__name__}: {e}"
+        self.status[status.name] = status
 
     def device_families(self) -> tuple[DeviceFamily, ...]:
         """The device families the plugins declare (``xbackend_device_families``), in load order. One
@@ -192,6 +226,11 @@ class Plugins:
         unknown = sorted(self.blocked - known)
         if unknown:
             self.problem(f"XBACKEND_BLOCK names no plugin or impl: {', '.join(unknown)}")
+
+
+def _is_builtin(ep: importlib.metadata.EntryPoint) -> bool:
+    dist = getattr(getattr(ep, "dist", None), "name", None) or ""
+    return RESERVED_PLUGINS.get(ep.name) is not None and _reserved_refusal(ep.name, ep.value, dist) is None
 
 
 def _reserved_refusal(name: str, value: str, dist: str) -> str | None:

@@ -176,7 +176,8 @@ def plugin_records(rt: Any) -> list[dict[str, Any]]:
     records = []
     for name in sorted(rt.plugins):
         status = rt.plugins[name]
-        dist = dists.get(name)
+        # An entry point's own distribution: another one's entry point may share its name.
+        dist = (status.distribution, status.version) if getattr(status, "distribution", None) else dists.get(name)
         if dist is None:
             obj = rt.pm.get_plugin(name)
             module = getattr(obj, "__name__", None) if isinstance(getattr(obj, "__name__", None), str) else None
