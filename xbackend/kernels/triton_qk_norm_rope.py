@@ -43,6 +43,7 @@ from xbackend.kernels.rmsnorm.supports import (
     interpreting,
     mean_checks_alignment,
 )
+from xbackend.kernels.spans import wide
 from xbackend.kernels.triton_rotary import _analyze_split, row_view
 
 
@@ -138,6 +139,7 @@ def _qk_norm_rope_kernel(
     A: tl.constexpr, B: tl.constexpr, VEC_FORM: tl.constexpr, LANES: tl.constexpr, BW: tl.constexpr,
     Y: tl.constexpr, SHFL_ADJ: tl.constexpr, X_FIRST: tl.constexpr, RSQRT: tl.constexpr,
     SPLIT: tl.constexpr, G: tl.constexpr, H2: tl.constexpr,
+    WIDE: tl.constexpr,  # cos/sin span 2**31 elements or more: the head index in 64 bits (spans.py)
 ):  # fmt: skip
     pid, rr, cols, cmask, mask = row_tile(M, D, R, K, A, B)
     if SPLIT:
@@ -145,6 +147,8 @@ def _qk_norm_rope_kernel(
         # in the halves' shape [G, H2, R, K, B]: head k*G + g, channel j = a2*B + b of each half.
         fr = (pid * R + tl.arange(0, R))[None, None, :, None, None]
         head = tl.arange(0, K)[None, None, None, :, None] * G + tl.arange(0, G)[:, None, None, None, None]
+        if WIDE:  # rows are 64-bit already; the head index meets the head stride f_c
+            head = head.to(tl.int64)
         j = tl.arange(0, H2)[None, :, None, None, None] * B + tl.arange(0, B)[None, None, None, None, :]
         fb = fr // f_a
         f_off = fb * f_b + head * f_c + (fr - fb * f_a) * f_d + j
@@ -268,7 +272,8 @@ def _analyze(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, num: Nume
         f_layout, g, h2 = (inner, s_outer, s_inner, 0), 1, 1
     consts = (f32(eps), factor, d, FLAVOURS.index(flavour), q_weight is not None, r, plan.k, plan.a,
               plan.b, plan.vec_form, num.warp, plan.bw, plan.y, num.mean_shfl_increasing, num.mean_x_first,
-              RSQRT_MATH if interpreting() else num.rsqrt, layout == "split", g, h2)  # fmt: skip
+              RSQRT_MATH if interpreting() else num.rsqrt, layout == "split", g, h2,
+              layout == "split" and wide(cos, sin))  # fmt: skip
     return _Plan((triton.cdiv(m, r),), m, sq.stride(0), sk.stride(0), f_layout, consts, warps,
                  flavour == "torch" or mean_checks_alignment(q))  # fmt: skip
 

@@ -95,6 +95,7 @@ def _rmsnorm_exact_kernel(
     PDL: tl.constexpr,  # launched with programmatic dependent launch (launch.pdl_capable)
     MOD_FLAT: tl.constexpr,  # scale and shift are one [D] row for every row: loaded once, like the weight
     RESIDUAL: tl.constexpr,  # normalize x + update (and store it), not x
+    WIDE: tl.constexpr,  # scale or shift spans 2**31 elements or more: column offsets in 64 bits (spans.py)
 ):
     if PDL:
         gdc_wait()  # the previous grid may have written x: wait for it before any load
@@ -144,12 +145,16 @@ def _rmsnorm_exact_kernel(
         w = x  # unused
     y = normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype)
     if MODULATE:
+        # Rows are 64-bit already; scale and shift also multiply the column by their column stride.
+        mt, mk = toff, koff
+        if WIDE:
+            mt, mk = toff.to(tl.int64), koff.to(tl.int64)
         if MOD_FLAT:  # the same values as the per-row load below, one copy per program (broadcast over R)
-            sc = tl.load(sc_ptr + (toff + koff) * sc_sc, mask=cmask, other=0.0, eviction_policy="evict_last")
-            sh = tl.load(sh_ptr + (toff + koff) * sh_sc, mask=cmask, other=0.0, eviction_policy="evict_last")
+            sc = tl.load(sc_ptr + (mt + mk) * sc_sc, mask=cmask, other=0.0, eviction_policy="evict_last")
+            sh = tl.load(sh_ptr + (mt + mk) * sh_sc, mask=cmask, other=0.0, eviction_policy="evict_last")
         else:
-            sc = tl.load(bcast_ptrs(sc_ptr, rr, toff, koff, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
-            sh = tl.load(bcast_ptrs(sh_ptr, rr, toff, koff, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
+            sc = tl.load(bcast_ptrs(sc_ptr, rr, mt, mk, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
+            sh = tl.load(bcast_ptrs(sh_ptr, rr, mt, mk, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
         y = modulate(y, sc, sh, out_dtype)
     tl.store(out_ptr + (rr * D + toff) + koff, y, mask=mask)
 
@@ -177,6 +182,7 @@ class ExactConstexprs(NamedTuple):
     PDL: bool
     MOD_FLAT: bool
     RESIDUAL: bool
+    WIDE: bool
 
 
 def last_pow2(n: int) -> int:

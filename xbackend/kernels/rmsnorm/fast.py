@@ -46,6 +46,7 @@ def _rmsnorm_fast_kernel(
     R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RSQRT: tl.constexpr,
+    WIDE: tl.constexpr,  # scale or shift spans 2**31 elements or more: column offsets in 64 bits (spans.py)
 ):
     pid = tl.program_id(0).to(tl.int64)
     rows = (pid * R + tl.arange(0, R))[:, None]
@@ -63,8 +64,9 @@ def _rmsnorm_fast_kernel(
         w = x  # unused
     y = normalize(x, rstd, w, FLAVOUR, HAS_W, out_dtype)
     if MODULATE:
-        sc = tl.load(bcast_ptrs(sc_ptr, rows, cols, 0, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
-        sh = tl.load(bcast_ptrs(sh_ptr, rows, cols, 0, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
+        mc = cols.to(tl.int64) if WIDE else cols  # rows are 64-bit; the column meets the column stride
+        sc = tl.load(bcast_ptrs(sc_ptr, rows, mc, 0, sc_inner, sc_so, sc_si, sc_sc), mask=mask, other=0.0)
+        sh = tl.load(bcast_ptrs(sh_ptr, rows, mc, 0, sh_inner, sh_so, sh_si, sh_sc), mask=mask, other=0.0)
         y = modulate(y, sc, sh, out_dtype)
     tl.store(out_ptr + rows * D + cols, y, mask=mask)
 
@@ -79,6 +81,7 @@ class FastConstexprs(NamedTuple):
     R: int
     BLOCK_D: int
     RSQRT: int
+    WIDE: bool
 
 
 __all__ = ["MAX_FAST_D", "FastConstexprs"]

@@ -58,6 +58,7 @@ from xbackend.kernels.rmsnorm.supports import (
     mean_checks_alignment,
     supports_rmsnorm_fast,
 )
+from xbackend.kernels.spans import wide
 
 # The default exact schedule gives each Triton lane of a 32-lane warp one emulated thread ("torch":
 # the rest of the row stays in registers) or one fold ("diffusers"): 4 warps for CUDA's 128-thread rows,
@@ -284,6 +285,8 @@ def plan(
         sh_l = tuple(sh_l) if sh.data_ptr() == shift.data_ptr() else None
     # The interpreter cannot run inline PTX: a host fact, whatever the numerics' build calls.
     rsqrt = RSQRT_MATH if interpreting() else v.numerics.rsqrt
+    # Row indices are 64-bit in both kernels; scale and shift also form a 32-bit column x column stride.
+    wide_cols = wide(scale, shift)
     align = check_x = check_w = 0
     pdl = False
     if v.exact:
@@ -325,6 +328,7 @@ def plan(
             PDL=pdl,
             MOD_FLAT=flat and scale is not None,
             RESIDUAL=update is not None,
+            WIDE=wide_cols,
         )
     else:
         block_d = next_pow2(d)
@@ -339,6 +343,7 @@ def plan(
             R=r,
             BLOCK_D=block_d,
             RSQRT=rsqrt,
+            WIDE=wide_cols,
         )
     return LaunchPlan(
         exact=v.exact,
