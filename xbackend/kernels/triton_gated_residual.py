@@ -19,14 +19,13 @@ import triton.language as tl
 
 from xbackend.kernels._gated_residual_layout import GateLayout, analyze
 from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.spans import wide
 from xbackend.kernels.triton_tiles import column_fastest_tile
 
 # How a tile finds its gate rows (the GATE_ROWS constexpr).
 _GATE_PER_TILE = 0  # all rows of a tile share one gate row: load it once
 _GATE_PER_ROW = 1  # gate row == x row (full gate): no division
 _GATE_DIVIDE = 2  # gate row == x row // inner, may change inside a tile
-
-_INT32_LIMIT = 2**31
 
 
 @triton.jit
@@ -147,14 +146,14 @@ def _plan(
     bd = block_d or default_block_d(max(d, 1))
     br = block_rows or max(1, min(16, 4096 // bd))
     br = min(br, triton.next_power_of_2(max(rows, 1)))
-    gate_span = (rows // layout.inner) * layout.gate_row_stride + d
     meta = {
         "BLOCK_R": br,
         "BLOCK_D": bd,
         "PER_TOKEN": layout.per_token,
         "GATE_ROWS": _gate_rows_mode(layout, br),
         "EVEN": rows % br == 0 and d % bd == 0,
-        "WIDE": rows * d >= _INT32_LIMIT or gate_span >= _INT32_LIMIT,
+        # x, update and the output are contiguous [rows, d]; the gate's rows sit gate_row_stride apart
+        "WIDE": wide(x, update, gate, extra=rows * d),
         "num_warps": num_warps,
     }
     plan = _Plan(layout, (triton.cdiv(rows, br) * triton.cdiv(d, bd),), meta)

@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 
 from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.spans import wide
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_INT32_LIMIT = 2**31
 
 
 @triton.jit
@@ -177,20 +177,19 @@ def _analyze_split(x: torch.Tensor, cos: torch.Tensor) -> _SplitPlan | str:
             return "cos/sin last dim is not contiguous"
         half = r  # per head
         cs_b, cs_h, cs_t = cos.stride(0) if b > 1 else 0, cos.stride(1), cos.stride(2)
-        f_span = max(1, b) * max(1, heads) * max(1, t_len) * max(cs_b, cs_h, cs_t, r)
     else:
         fv = row_view(cos, (*x.shape[:-1], half))
         if fv is None:
             return "cos/sin rows do not map to x rows with one stride (broadcast over an outer dim)"
         heads, t_len, cs_b, cs_h, cs_t = 1, max(rows, 1), 0, 0, fv.stride(0)
-        f_span = rows * max(cs_t, half)
     block_p = min(512, triton.next_power_of_2(max(half, 1)))
     block_r = max(1, min(64, 2048 // block_p))
     subrows = rows * heads
-    span = max(rows * max(xv.stride(0), 2 * half * heads), f_span, subrows * 2 * half)
+    # Every offset the kernel forms is an element of x or cos (sin has cos's shape and strides:
+    # _analyze checks), or of the contiguous output.
     return _SplitPlan(subrows, heads, t_len, half, xv.stride(0), cs_b, cs_h, cs_t,
                       (triton.cdiv(subrows, block_r), triton.cdiv(half, block_p)), block_r, block_p,
-                      span >= _INT32_LIMIT)  # fmt: skip
+                      wide(x, cos, extra=x.numel()))  # fmt: skip
 
 
 def _analyze(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> _Plan | _SplitPlan | str:
@@ -213,10 +212,9 @@ def _analyze(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str)
     rows, c = xv.shape
     block_p = min(512, triton.next_power_of_2(max(c // 2, 1)))
     block_r = max(1, min(16, 2048 // block_p))
-    span = max(rows * max(xv.stride(0), c), rows * max(fv.stride(0), c))
     return _Plan(rows, c // 2, xv.stride(0), fv.stride(0),
                  (triton.cdiv(rows, block_r), triton.cdiv(c // 2, block_p)), block_r, block_p,
-                 span >= _INT32_LIMIT)  # fmt: skip
+                 wide(x, cos, sin, extra=x.numel()))  # fmt: skip
 
 
 def _plan(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> _Plan | _SplitPlan | str:

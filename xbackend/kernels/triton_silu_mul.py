@@ -42,10 +42,10 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from xbackend.kernels._triton_launch import DirectLaunch
+from xbackend.kernels.spans import wide
 from xbackend.kernels.triton_tiles import column_fastest_tile
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_INT32_LIMIT = 2**31
 
 # Defaults (not tuned on hardware): 4096 elements, 8 warps (16 per thread: 2 x 16-byte bf16 vectors).
 BLOCK = 4096
@@ -168,7 +168,9 @@ def _analyze(gate: torch.Tensor, up: torch.Tensor, block: int, num_warps: int) -
     n = gate.numel()
     if gate.is_contiguous() and up.is_contiguous():
         # Empty and 0-d tensors are contiguous: every input that reaches the row path has a last dim.
-        return _FlatPlan(n, (triton.cdiv(n, block),), block, n % block == 0, n + block >= _INT32_LIMIT, num_warps)
+        grid = triton.cdiv(n, block)
+        # The flat kernel masks by offset (offs < n): every lane's offset, the last block's too, must not wrap.
+        return _FlatPlan(n, (grid,), block, n % block == 0, wide(gate, up, extra=grid * block), num_warps)
     sg, su = _row_stride(gate), _row_stride(up)
     if sg is None or su is None:
         which = "gate" if sg is None else "up"
@@ -178,9 +180,9 @@ def _analyze(gate: torch.Tensor, up: torch.Tensor, block: int, num_warps: int) -
     block_d = min(1024, triton.next_power_of_2(max(d, 1)))
     block_r = max(1, min(64, block // block_d))
     block_r = min(block_r, triton.next_power_of_2(max(rows, 1)))
-    span = (rows + block_r) * max(sg, su, d) + block_d  # past the last address any lane forms
     grid = (triton.cdiv(rows, block_r) * triton.cdiv(d, block_d),)
-    return _RowsPlan(rows, d, sg, su, grid, block_r, block_d, span >= _INT32_LIMIT, num_warps)
+    # The row kernel masks by index (r < rows): gate and up with their row strides, the output contiguous.
+    return _RowsPlan(rows, d, sg, su, grid, block_r, block_d, wide(gate, up, extra=n), num_warps)
 
 
 def _plan(gate: torch.Tensor, up: torch.Tensor, block: int, num_warps: int) -> _FlatPlan | _RowsPlan | str:
