@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from plugin_fixtures import FaultyPlugin
 
 import xbackend
-from xbackend import _fastkey
+from xbackend import _cache, _fastkey
 from xbackend.ops import OPS
 from xbackend.testing import fresh_runtime
 
@@ -36,7 +36,7 @@ rmsnorm = xbackend.get_op("rmsnorm")
 def _built() -> tuple[ModuleType, Path]:
     # Cached per process, not per fixture: other test modules bind this fixture under their own name.
     module, _ = _fastkey.build()
-    return module, _fastkey.cache_root()
+    return module, _cache.cache_root()
 
 
 @pytest.fixture(scope="session")

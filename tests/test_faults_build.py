@@ -69,7 +69,7 @@ _cuda_build._device_archs = lambda: ["90"]
 # The last line of each subprocess: use the extension once and print the outcome.
 USE = {
     "fastkey": "print(_fastkey.decide(), flush=True)",
-    "cuda": "e = _cuda_build.JitExtension('xbackend_test_ext', ('k.cu',), 'test ext'); print('reason:', e.available(), flush=True)",
+    "cuda": "e = _cuda_build.JitExtension('xbackend_test_ext', ('gated_residual.cu',), 'test ext'); print('reason:', e.available(), flush=True)",
 }
 BUILT = {"fastkey": "C++ keys (built in", "cuda": "reason: None"}
 
@@ -358,12 +358,13 @@ def test_a_private_prebuilt_is_loaded(undecided, builds, monkeypatch) -> None:
     assert imported == [planted] and builds == [] and form.path == str(planted)
 
 
-def test_the_cuda_extension_builds_privately_too(undecided, builds, monkeypatch, caplog) -> None:
+def test_the_cuda_extension_builds_privately_too(undecided, builds, monkeypatch, caplog, tmp_path) -> None:
     monkeypatch.setattr(_cuda_build, "_device_archs", lambda: ["90"])
+    (tmp_path / "k.cu").write_text("__global__ void k() {}\n")
     undecided.mkdir()
     undecided.chmod(0o777)
     with caplog.at_level(logging.WARNING, "xbackend"):
-        _cuda_build.JitExtension("xbackend_test_ext", ("k.cu",), "test ext")._build()
+        _cuda_build.JitExtension("xbackend_test_ext", ("k.cu",), "test ext", source_dir=tmp_path)._build()
     (where,) = builds
     assert undecided not in where.parents and _mode(where) == 0o700
     assert str(undecided) in caplog.text

@@ -29,7 +29,7 @@ unset / ``auto``       no GPU visible                      yes               no 
 =====================  ==================================  ================  ========================
 
 The extension is cached under ``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by the
-torch version, the Python ABI and a hash of the source and flags. Building took 13-14 s on a 2-core
+torch version, the Python ABI and a digest of the source and flags (``_cache.extension_dir``). Building took 13-14 s on a 2-core
 CPU (``xbackend build`` with an empty ``XBACKEND_CACHE_DIR``, twice, torch 2.13.0 CPU, 2026-12-05; one
 translation unit; ``python_variable.h`` is most of it). Any build or load failure is logged
 once as a warning and the process keeps the Python keys: the caller never sees it. ``xbackend info``
@@ -38,7 +38,6 @@ shows the form in use and why; ``xbackend build`` builds it ahead of time.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import os
@@ -54,7 +53,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._cache import BuildLockTimeout, cache_root, find_safe_dir, load_extension, safe_dir
+from ._cache import BuildLockTimeout, extension_dir, find_safe_dir, load_extension, safe_dir
 from .ops import OPS
 
 __all__ = ["KEYS", "RULES", "KeyForm", "active", "build", "decide", "subscribe"]
@@ -190,13 +189,15 @@ def _gpu_visible() -> bool:
 
 # -- the extension: where it lives, loading and building ---------------------------------------------
 def _name() -> str:
-    digest = hashlib.sha256(_SOURCE.read_bytes() + repr(_CFLAGS).encode()).hexdigest()[:12]
-    return f"xbackend_fastkey_{digest}"
+    """The extension's module name: its build directory's, so the binary's name carries its key too."""
+    return _build_dir().name
 
 
 def _build_dir() -> Path:
-    tag = f"torch{torch.__version__}_{sys.implementation.cache_tag}".replace("+", "_").replace(".", "_")
-    return cache_root() / "torch_extensions" / tag / _name()
+    # Keyed by the source and flags, torch and the Python ABI; not by the C++ compiler, which need not
+    # be installed where a prebuilt extension is loaded (any compiler builds the same key function).
+    return extension_dir("xbackend_fastkey", f"torch{torch.__version__}_{sys.implementation.cache_tag}", [_SOURCE],
+                         flags=_CFLAGS)
 
 
 def library_path() -> Path:

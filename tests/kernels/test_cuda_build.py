@@ -4,7 +4,9 @@ which it skips and why, and how a failed build is reported. Nothing here compile
 
 from __future__ import annotations
 
+import os
 import types
+from pathlib import Path
 
 import pytest
 import torch.utils.cpp_extension
@@ -23,6 +25,9 @@ def gpu_host(monkeypatch, tmp_path):
         return types.SimpleNamespace(__file__=None)
 
     monkeypatch.setenv("XBACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "k.cu").write_text("__global__ void k() {}\n")
+    monkeypatch.setattr(_cuda_build, "_CSRC", tmp_path / "src")  # where fresh() extensions find k.cu
     monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_load)
     monkeypatch.setattr(_cuda_build, "environment_reason", lambda: None)
     monkeypatch.setattr(_cuda_build, "_device_capabilities", lambda: {(9, 0)})
@@ -30,7 +35,8 @@ def gpu_host(monkeypatch, tmp_path):
 
 
 def fresh(name: str, **kwargs) -> _cuda_build.JitExtension:
-    return _cuda_build.JitExtension(name, ("k.cu",), f"test {name}", **kwargs)
+    """An extension of k.cu (with gpu_host, in its source directory)."""
+    return _cuda_build.JitExtension(name, ("k.cu",), f"test {name}", source_dir=_cuda_build._CSRC, **kwargs)
 
 
 def test_the_package_extensions_are_each_modules_extension() -> None:
@@ -53,6 +59,7 @@ def test_a_gpu_host_builds_what_its_gpus_run_and_skips_an_arch_specific_one_for_
     assert [r.outcome for r in results] == ["ready", "ready", "skipped"]
     assert results[2].detail == "no sm100 GPU visible (built for -gencode=arch=compute_100a,code=sm_100a only)"
     assert [c["name"] for c in gpu_host] == ["any_sm90", "sm90"]
+    assert [Path(c["build_directory"]).name.rsplit("_", 1)[0] for c in gpu_host] == ["any_sm90", "sm90"]
     assert "-gencode=arch=compute_90,code=sm_90" in gpu_host[0]["extra_cuda_cflags"]
     assert sm90a[0] in gpu_host[1]["extra_cuda_cflags"]
 
@@ -116,3 +123,54 @@ def test_an_extension_whose_switch_is_off_is_not_built(gpu_host, monkeypatch, va
 
 def test_na_sm90s_extension_follows_its_switch() -> None:
     assert na_sm90.EXTENSION.switch == na_sm90.SWITCH
+
+
+# -- the cache key: every source and header, the flags, the toolchain ---------------------------------
+def _sources(root: Path) -> Path:
+    """k.cu including k.cuh, which includes detail/inner.cuh and a toolkit header."""
+    (root / "detail").mkdir(parents=True)
+    (root / "k.cu").write_text('#include "k.cuh"\n#include <cuda_bf16.h>\n__global__ void k(float* y) { *y = VALUE; }\n')
+    (root / "k.cuh").write_text('#pragma once\n  #  include "detail/inner.cuh"\n')
+    (root / "detail" / "inner.cuh").write_text("#define VALUE 1.0f\n")
+    return root
+
+
+def _build_dir(calls: list[dict], src: Path, **kwargs) -> Path:
+    """Where a fresh extension of ``src`` builds (``calls``: gpu_host's record of load())."""
+    _cuda_build.JitExtension("xb_keyed", ("k.cu",), "test keyed", source_dir=src, **kwargs)._build()
+    return Path(calls[-1]["build_directory"])
+
+
+def _rewrite_older(path: Path, text: str) -> None:
+    """New content with an mtime an hour older than before: an image rollback, ``rsync -a``, ``docker COPY``."""
+    before = path.stat().st_mtime
+    path.write_text(text)
+    os.utime(path, (before - 3600, before - 3600))
+
+
+def test_the_build_directory_follows_the_content_of_every_source_and_header_not_mtimes(gpu_host, tmp_path) -> None:
+    src = _sources(tmp_path / "src")
+    first = _build_dir(gpu_host, src)
+    assert _build_dir(gpu_host, src) == first  # the same content: the same, already built, directory
+    _rewrite_older(src / "detail" / "inner.cuh", "#define VALUE 2.0f\n")
+    second = _build_dir(gpu_host, src)
+    assert second != first
+    _rewrite_older(src / "k.cu", (src / "k.cu").read_text() + "// a comment is content too\n")
+    third = _build_dir(gpu_host, src)
+    assert third not in (first, second)
+    _rewrite_older(src / "detail" / "inner.cuh", "#define VALUE 1.0f\n")
+    _rewrite_older(src / "k.cu", (src / "k.cu").read_text().replace("// a comment is content too\n", ""))
+    assert _build_dir(gpu_host, src) == first  # back to the first content: its build is reused
+
+
+def test_the_build_directory_follows_the_flags_and_the_toolchain(gpu_host, tmp_path, monkeypatch) -> None:
+    src = _sources(tmp_path / "src")
+    base = _build_dir(gpu_host, src, gencode=("-gencode=arch=compute_90a,code=sm_90a",))
+    assert _build_dir(gpu_host, src, gencode=("-gencode=arch=compute_90,code=sm_90",)) != base
+    monkeypatch.setattr(_cuda_build, "_nvcc_version", lambda: "Build cuda_13.1.r13.1/compiler.0_0")
+    assert _build_dir(gpu_host, src, gencode=("-gencode=arch=compute_90a,code=sm_90a",)) != base
+
+
+def test_a_missing_source_is_a_build_failure_naming_it(gpu_host, tmp_path) -> None:
+    (result,) = _cuda_build.prebuild([_cuda_build.JitExtension("gone", ("gone.cu",), "test gone", source_dir=tmp_path)])
+    assert result.outcome == "failed" and "gone.cu" in result.detail

@@ -11,9 +11,10 @@ comes from the impl's own test (device, inputs, environment switches).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from xbackend._cache import sources_digest
 
 __all__ = ["NATIVE", "NATIVE_LAUNCHES", "NativeLaunch", "NativeSource", "native_key"]
 
@@ -65,7 +66,8 @@ NATIVE_LAUNCHES: tuple[NativeLaunch, ...] = (
 
 
 def native_key(src: NativeSource, arch: str) -> tuple[str, str, tuple[str, ...], str]:
-    """(absolute path, nvcc arch, flags, source digest): one compile's cache key."""
+    """(absolute path, nvcc arch, flags, digest of the source and the package headers it includes):
+    one compile's cache key."""
     path = Path(__file__).resolve().parent.parent / src.path
-    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+    digest = sources_digest([path], [path.parent], src.flags) if path.exists() else ""
     return (str(path), arch + src.arch_suffix, src.flags, digest)

@@ -1,8 +1,9 @@
 """CUDA C++ kernels built on first use with ``torch.utils.cpp_extension.load``.
 
 Each extension is compiled for the architectures of the visible GPUs and cached under
-``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by torch and CUDA versions, only in a
-directory tree no other user can write, under a build lock whose wait is bounded (``xbackend._cache``
+``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by the content of its sources and of the
+package headers they include, its flags, and the torch, CUDA, Python and nvcc versions
+(``_cache.extension_dir``), only in a directory tree no other user can write, under a build lock whose wait is bounded (``xbackend._cache``
 has both rules). A build that fails is not retried in the process: its first compiler error becomes
 the reason the impl is unavailable (the resolver then takes the next candidate), the whole log stays
 in ``build_log()``. Waiting out another process's build that holds the lock too long is such a
@@ -14,11 +15,14 @@ of the first call that needs one: ``xbackend build`` runs it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +31,7 @@ from types import ModuleType
 
 import torch
 
-from xbackend._cache import BuildLockTimeout, cache_root, load_extension, safe_dir
+from xbackend._cache import BuildLockTimeout, extension_dir, load_extension, safe_dir
 from xbackend._plugins import env_flag
 
 log = logging.getLogger("xbackend")
@@ -57,18 +61,36 @@ def _arch_flags(archs: list[str]) -> list[str]:
     return flags
 
 
+def _nvcc() -> str | None:
+    """The nvcc torch's cpp_extension runs: ``$CUDA_HOME/bin/nvcc``, else the one on PATH."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = Path(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
+    return str(nvcc) if nvcc is not None and nvcc.exists() else shutil.which("nvcc")
+
+
+@functools.cache
+def _nvcc_version() -> str:
+    """nvcc's ``--version`` build line ("Build cuda_13.0.r13.0/compiler.36424714_0"), part of the cache key."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        return "nvcc: none"
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"nvcc {nvcc}: {type(e).__name__}"
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    return f"nvcc {lines[-1] if lines else f'exit {out.returncode}'}"
+
+
 def environment_reason() -> str | None:
     """Why no CUDA extension can be built in this process, or None."""
     if torch.version.hip is not None:
         return "ROCm build of torch: the CUDA C++ kernels target NVIDIA GPUs only"
     if torch.version.cuda is None or not torch.cuda.is_available():
         return "no CUDA device"
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    nvcc = Path(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
-    if nvcc is None or not nvcc.exists():
-        if shutil.which("nvcc") is None:
-            return "nvcc not found (set CUDA_HOME)"
+    if _nvcc() is None:
+        return "nvcc not found (set CUDA_HOME)"
     if shutil.which("ninja") is None:
         from torch.utils.cpp_extension import is_ninja_available
 
@@ -111,16 +133,23 @@ class JitExtension:
     def _build(self) -> ModuleType:
         archs = _device_archs()
         name = self.name if self.gencode else f"{self.name}_sm" + "_".join(archs)
-        tag = f"torch{torch.__version__}_cu{torch.version.cuda}".replace("+", "_").replace(".", "_")
-        build_dir = safe_dir(cache_root() / "torch_extensions" / tag / name)
+        sources = [self.source_dir / src for src in self.sources]
+        cflags = ["-O3"]
+        # --fmad=false backs up the explicit __f*_rn: no mul+add may become an FMA.
+        cuda_cflags = ["-O3", "--fmad=false", *(self.gencode or _arch_flags(archs))]
+        tag = f"torch{torch.__version__}_cu{torch.version.cuda}_{sys.implementation.cache_tag}"
+        build_dir = safe_dir(extension_dir(
+            name, tag, sources, include_dirs=[self.source_dir], flags=[*cflags, "--cuda", *cuda_cflags],
+            # nvcc's own device headers (cuda_bf16.h's conversions) and code generation are part of the kernel.
+            toolchain=[_nvcc_version()],
+        ))
         return load_extension(
             build_dir,
             name=name,
-            sources=[str(self.source_dir / src) for src in self.sources],
+            sources=[str(src) for src in sources],
             extra_include_paths=[str(self.source_dir)],
-            extra_cflags=["-O3"],
-            # --fmad=false backs up the explicit __f*_rn: no mul+add may become an FMA.
-            extra_cuda_cflags=["-O3", "--fmad=false", *(self.gencode or _arch_flags(archs))],
+            extra_cflags=cflags,
+            extra_cuda_cflags=cuda_cflags,
             verbose=False,
         )
 
