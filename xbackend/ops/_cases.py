@@ -3,17 +3,19 @@
 Each op file defines ``cases(dtype, device) -> list[Case]`` next to its reference; the conformance suite
 (``xbackend.testing.conformance``) runs every impl a plugin registers through them. The helpers here
 build the layouts that break kernels: empty and one-row inputs, rows padded in memory, transposed and
-stride-0 views, offsets past 2**31 elements, NaN and Inf.
+stride-0 views, offsets past 2**31 elements, views of few elements spanning past 2**31, NaN and Inf.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["Case", "big_offset", "big_offset_bytes", "expanded", "padded_rows", "randn", "strided_last", "transposed", "with_specials"]
+__all__ = ["Case", "big_offset", "big_offset_bytes", "expanded", "padded_rows", "randn", "span_past_2_31",
+           "strided_last", "transposed", "with_specials"]
 
 # A view past this many elements needs 64-bit offsets in a kernel (int32 indexing overflows).
 INT32_ELEMS = 2**31
@@ -86,3 +88,28 @@ def big_offset(t: torch.Tensor) -> torch.Tensor:
 def big_offset_bytes(t: torch.Tensor) -> int:
     """Device memory ``big_offset(t)`` allocates."""
     return (INT32_ELEMS + t.numel() + 64) * t.element_size()
+
+
+def span_past_2_31(*ts: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
+    """``ts``' values (one shape, dtype and device) in views of one buffer that hold few elements but
+    whose last element sits 2**31 or more elements past the data pointer: consecutive slices along
+    ``dim`` lie about 2**31 / (size - 1) elements apart, so index x stride passes 2**31 - 1 while the
+    stride itself stays a 32-bit integer. Each slice is contiguous, the views' slices side by side (a row of a fused
+    projection, a column of a modulation table); every dim before ``dim`` has size 1. The buffer holds
+    about 2**31 elements, as ``big_offset``'s does."""
+    shape = ts[0].shape
+    dim %= len(shape)
+    n, inner = shape[dim], math.prod(shape[dim + 1 :])
+    if n < 2 or any(s != 1 for s in shape[:dim]) or any(t.shape != shape for t in ts):
+        raise ValueError(f"span_past_2_31: needs one shape with size >= 2 at dim {dim} and 1 before it, got {shape}")
+    pitch = -(-inner // 16) * 16  # every slice starts 16 elements aligned (vector loads)
+    stride = max(len(ts) * pitch, -(-(INT32_ELEMS + 1 - inner) // (n - 1)))
+    stride = -(-stride // 16) * 16
+    if stride >= INT32_ELEMS:
+        raise ValueError(f"span_past_2_31: {shape} along dim {dim} needs a stride of 2**31 or more")
+    strides = [stride * n] * dim + [stride] + [math.prod(shape[i + 1 :]) for i in range(dim + 1, len(shape))]
+    buf = torch.empty((n - 1) * stride + len(ts) * pitch, dtype=ts[0].dtype, device=ts[0].device)
+    views = tuple(buf.as_strided(shape, strides, j * pitch) for j in range(len(ts)))
+    for v, t in zip(views, ts, strict=True):
+        v.copy_(t)
+    return views

@@ -117,6 +117,9 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         xs = r(2, 4096)
         out.append(C.Case("torch/offset past 2**31", (C.big_offset(xs), r(2, 4096, seed=1), r(4096, seed=2), 1e-6,
                                                       "torch", None, None)))
+        # scale and shift [D] as columns of a table: column 63 sits past element 2**31
+        sc, sh = C.span_past_2_31(r(64, seed=3), r(64, seed=4))
+        out.append(C.Case("torch/scale, shift columns span past 2**31", (x, u, r(64, seed=2), 1e-6, "torch", sc, sh)))
     return out
 
 

@@ -77,6 +77,9 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
     if big:
         xs = r(2, 4096)
         out.append(C.Case("offset past 2**31", (C.big_offset(xs), r(2, 4096, seed=1), r(4096, seed=2))))
+        # a [B,1,D] gate whose rows lie about 2**30 apart (sliced from a modulation table)
+        out.append(C.Case("gate rows span past 2**31", (r(3, 5, 4096), r(3, 5, 4096, seed=1),
+                                                         *C.span_past_2_31(r(3, 1, 4096, seed=2)))))
     return out
 
 

@@ -116,6 +116,16 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
             C.Case(f"{f}/q is k", (q, q, w, w, cos, sin, 1e-6, f, "interleaved")),
             C.Case(f"{f}/NaN and Inf", (C.with_specials(q), k, w, w, cos, sin, 1e-6, f, "interleaved")),
         ]
+    if big:
+        # q and k rows side by side, rows about 2**30 apart (one fused projection)
+        qs, ks = C.span_past_2_31(r(3, 64), r(3, 64, seed=1))
+        out.append(C.Case("torch/q, k rows span past 2**31", (qs, ks, w, w, r(3, 64, seed=3, dt=f32),
+                                                               r(3, 64, seed=4, dt=f32), 1e-6, "torch", "interleaved")))
+        # per-head split cos/sin [1, H, T, D/2] whose heads lie about 2**30 apart
+        freqs = C.span_past_2_31(r(1, 3, 2, 32, seed=3, dt=f32), r(1, 3, 2, 32, seed=4, dt=f32), dim=1)
+        w3 = r(3 * 64, seed=2)
+        out.append(C.Case("torch/split [B,H,T,D/2] freqs span past 2**31", (r(1, 2, 3 * 64), r(1, 2, 3 * 64, seed=1),
+                                                                             w3, w3, *freqs, 1e-6, "torch", "split")))
     return out
 
 

@@ -160,6 +160,9 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
             C.Case(f"{f}/q is k", (q, q, w, w, 1e-6, 0.125, 10000.0, f)),
             C.Case(f"{f}/NaN and Inf", (C.with_specials(q), k, w, w, 1e-6, 0.125, 10000.0, f)),
         ]
+    if big:  # q and k head rows side by side, W positions about 2**30 apart (one fused projection)
+        qs, ks = C.span_past_2_31(r(1, 1, 1, 3, 1, 64), r(1, 1, 1, 3, 1, 64, seed=1), dim=3)
+        out.append(C.Case("torch/head rows span past 2**31", (qs, ks, w, w, 1e-6, 0.125, 10000.0, "torch")))
     return out
 
 

@@ -101,6 +101,8 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         ]
         if big:
             out.append(C.Case(f"{f}/offset past 2**31", (C.big_offset(r(2, 4096)), r(4096, seed=1), 1e-6, f)))
+    if big:  # three rows about 2**30 apart: 12288 elements spanning past 2**31
+        out.append(C.Case("torch/rows span past 2**31", (*C.span_past_2_31(r(3, 4096)), r(4096, seed=1), 1e-6, "torch")))
     return out
 
 

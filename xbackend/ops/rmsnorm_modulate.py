@@ -83,6 +83,9 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
     if big:
         xs = r(2, 4096)
         out.append(C.Case("torch/offset past 2**31", (C.big_offset(xs), r(4096, seed=1), r(4096, seed=2), None, 1e-6, "torch")))
+        # scale and shift [D] as columns of a table: column 63 sits past element 2**31
+        sc, sh = C.span_past_2_31(r(64, seed=1), r(64, seed=2))
+        out.append(C.Case("torch/scale, shift columns span past 2**31", (x, sc, sh, None, 1e-6, "torch")))
     return out
 
 

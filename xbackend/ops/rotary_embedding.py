@@ -129,6 +129,11 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         xs = r(2, 4096)
         out.append(C.Case("interleaved offset past 2**31", (C.big_offset(xs), r(2, 4096, seed=1, dt=f32),
                                                           r(2, 4096, seed=2, dt=f32), "interleaved")))
+        out.append(C.Case("interleaved rows span past 2**31", (*C.span_past_2_31(r(3, 4096)), r(3, 4096, seed=1, dt=f32),
+                                                             r(3, 4096, seed=2, dt=f32), "interleaved")))
+        # per-head cos/sin [1, H, T, D/2] whose heads lie about 2**30 apart
+        freqs = C.span_past_2_31(r(1, 3, 2, 32, seed=1, dt=f32), r(1, 3, 2, 32, seed=2, dt=f32), dim=1)
+        out.append(C.Case("split [B,H,T,D/2] freqs span past 2**31", (r(1, 2, 3 * 64), *freqs, "split")))
     return out
 
 

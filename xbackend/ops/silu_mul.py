@@ -88,6 +88,8 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
     if big:
         gs = r(2, 4096, scale=4.0)
         out.append(C.Case("offset past 2**31", (C.big_offset(gs), r(2, 4096, seed=1))))
+        # gate and up rows side by side, rows about 2**30 apart (a fused projection's halves)
+        out.append(C.Case("gate and up rows span past 2**31", C.span_past_2_31(r(3, 4096, scale=4.0), r(3, 4096, seed=1))))
     return out
 
 
