@@ -1,5 +1,5 @@
-"""vae_tile_decode when something goes wrong: a rank that hangs, a rank that dies, a decode_tile whose output
-does not fit the grid, a lead that would crop from the wrong end.
+"""vae_tile_decode when something goes wrong: a rank that hangs, a rank that dies, a rank that never calls it,
+a decode_tile whose output does not fit the grid, a lead that would crop from the wrong end.
 
 The distributed scenarios run in real processes (this file run as a script, one process per rank, gloo over
 a TCPStore as torchrun sets it up), and every process must end by itself, returning from its main: a
@@ -106,6 +106,21 @@ def _dead_scenario(rank: int, world: int, out: Path) -> dict[str, Any]:
     return res
 
 
+def _alone_scenario(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """Rank 0 decodes over the group, rank 1 never calls the op (it waits for rank 0 to finish instead)."""
+    done = out / "alone_done"
+    if rank != 0:
+        deadline = time.monotonic() + GROUP_TIMEOUT_S
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return {"alone": {"kind": None, "message": "", "elapsed": 0.0, "at": time.time()}}
+    (out / "ready0").write_text(str(time.time()))
+    res = _attempt(lambda: _decode(rank, world, decode_tile=lambda p, t: _upsample(p),
+                                   timeout=datetime.timedelta(seconds=OP_TIMEOUT_S)))
+    done.write_text("")
+    return {"alone": res}
+
+
 def _rank_main(scenario: str, rank: int, world: int, init: str, out: Path, group_timeout_s: float) -> None:
     import torch.distributed as dist
 
@@ -115,7 +130,7 @@ def _rank_main(scenario: str, rank: int, world: int, init: str, out: Path, group
             "gloo", init_method=init, rank=rank, world_size=world,
             timeout=datetime.timedelta(seconds=group_timeout_s),
         )
-        results = {"hang": _hang_scenario, "dead": _dead_scenario}[scenario](rank, world, out)
+        results = {"hang": _hang_scenario, "dead": _dead_scenario, "alone": _alone_scenario}[scenario](rank, world, out)
     except Exception:
         results = {"crash": traceback.format_exc()}
     (out / f"result{rank}.json").write_text(json.dumps(results))
@@ -213,7 +228,28 @@ def test_hung_rank_every_process_exits(tmp_path: Path, world: int) -> None:
             assert res["at"] - released < OP_TIMEOUT_S, (res, released)
 
 
-# -- 2. + 3. a bad tile on one rank, then a dead rank ------------------------------------------------------
+# -- 2. a rank that never calls the op: the others' input check times out, naming it -------------------------
+
+
+def test_rank_that_never_calls_is_named_at_the_input_check(tmp_path: Path) -> None:
+    launched = time.time()
+    procs = _launch("alone", 2, tmp_path, GROUP_TIMEOUT_S)
+    try:
+        exits = {r: _wait_exit(p, _ready_at(tmp_path, 0, launched) + OP_TIMEOUT_S + EXIT_SLACK_S) for r, p in enumerate(procs)}
+    finally:
+        logs = _finish(procs)
+    stuck = [r for r, at in exits.items() if at is None]
+    assert not stuck, f"ranks {stuck} did not end:\n" + "\n".join(f"--- rank {r}:\n{logs[r][-3000:]}" for r in stuck)
+    for r in range(2):
+        assert procs[r].returncode == 0, f"rank {r} exit status {procs[r].returncode}:\n{logs[r][-3000:]}"
+    res = _result(tmp_path, 0, logs[0])["alone"]
+    assert res["kind"] == "TileDecodeError", res
+    assert "no answer from rank 1 within timeout=3 s in the input check all-gather" in res["message"], res["message"]
+    assert "had not started this decode" in res["message"], res["message"]
+    assert OP_TIMEOUT_S - 0.5 <= res["elapsed"] < OP_TIMEOUT_S + 5, res
+
+
+# -- 3. + 4. a bad tile on one rank, then a dead rank ------------------------------------------------------
 
 
 @pytest.mark.parametrize("world", [3])
@@ -259,7 +295,7 @@ def test_bad_tile_then_dead_rank(tmp_path: Path, world: int) -> None:
     assert not wrong, "\n".join(wrong)
 
 
-# -- 3. decode_tile output and lead checks, one process ----------------------------------------------------
+# -- 5. decode_tile output and lead checks, one process ----------------------------------------------------
 
 
 def _serial(decode_tile, **kwargs: Any) -> torch.Tensor:

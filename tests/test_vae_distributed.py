@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from xbackend.vae import Tile, TileDecodeError, vae_tile_decode
+from xbackend.vae import LOCAL, InputMismatchError, Tile, TileDecodeError, vae_tile_decode
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 HANG_TIMEOUT = datetime.timedelta(seconds=2)
@@ -84,13 +84,19 @@ STRIDE = (2, 2, 3)
 MIN_REMNANT = (2, 1, 2)
 
 
-def _latent(channels_last: bool = False) -> torch.Tensor:
-    latent = torch.randn(1, 2, 7, 6, 11, generator=torch.Generator().manual_seed(11))
+def _latent(channels_last: bool = False, seed: int = 11) -> torch.Tensor:
+    latent = torch.randn(1, 2, 7, 6, 11, generator=torch.Generator().manual_seed(seed))
     return latent.permute(0, 2, 3, 4, 1).contiguous() if channels_last else latent
 
 
-def _decoder(dtype: torch.dtype, channels_last: bool, fail_rank: int | None = None, sleep_rank: int | None = None):
-    gen = torch.Generator().manual_seed(5)
+def _decoder(
+    dtype: torch.dtype,
+    channels_last: bool,
+    fail_rank: int | None = None,
+    sleep_rank: int | None = None,
+    noise_seed: int = 5,
+):
+    gen = torch.Generator().manual_seed(noise_seed)
     slept: list[int] = []
 
     def draw(tile: Tile) -> torch.Tensor:
@@ -114,12 +120,13 @@ def _decoder(dtype: torch.dtype, channels_last: bool, fail_rank: int | None = No
 
 def _decode(dtype=torch.float32, channels_last=False, **kwargs) -> torch.Tensor | None:
     fail_rank, sleep_rank = kwargs.pop("fail_rank", None), kwargs.pop("sleep_rank", None)
-    decode, draw = _decoder(dtype, channels_last, fail_rank, sleep_rank)
+    decode, draw = _decoder(dtype, channels_last, fail_rank, sleep_rank, kwargs.pop("noise_seed", 5))
+    latent = _latent(channels_last, kwargs.pop("seed", 11))
     return vae_tile_decode(
-        _latent(channels_last),
+        latent,
         decode,
         tile=TILE,
-        stride=STRIDE,
+        stride=kwargs.pop("stride", STRIDE),
         scale=SCALE,
         min_remnant=MIN_REMNANT,
         axes=(1, 2, 3) if channels_last else (2, 3, 4),
@@ -151,6 +158,15 @@ def _worker(rank: int, world: int) -> dict[str, Any]:
     )
     res["fail"] = attempt(lambda: _decode(fail_rank=1))
     res["after_fail"] = attempt(lambda: _decode())
+    # Inputs that differ between ranks: refused on every rank before any tile is sent, the group stays usable.
+    res["latent_differs"] = attempt(lambda: _decode(seed=12 if rank == 2 else 11))
+    res["stride_differs"] = attempt(lambda: _decode(stride=(1, 2, 3) if rank == 1 else STRIDE))
+    res["noise_differs"] = attempt(lambda: _decode(noise_seed=6 if rank == 1 else 5))
+    res["after_differs"] = attempt(lambda: _decode())
+    # LOCAL: each rank its own latent, alone; rank 0 decodes once more while the others go on.
+    res["local"] = attempt(lambda: _decode(seed=20 + rank, group=LOCAL))
+    if rank == 0:
+        res["local_alone"] = attempt(lambda: _decode(seed=20, group=LOCAL))
     dist.barrier()
     # Last: a timed-out group is unusable afterwards.
     hang_group = dist.new_group(list(range(world)), timeout=HANG_TIMEOUT)
@@ -215,6 +231,34 @@ def test_failure_on_one_rank_raises_on_all(ranks):
         assert res["fail"]["elapsed"] < 20
         # The failure is agreed on in a collective, so the group stays usable.
         assert res["after_fail"]["error"] is None
+
+
+@pytest.mark.parametrize(
+    ("key", "what"),
+    [
+        ("latent_differs", "rank 2 differs from ranks 0, 1 in 'latent' (content)"),
+        ("stride_differs", "rank 1 differs from ranks 0, 2 in 'stride' (value: (2, 2, 3) on ranks 0, 2, (1, 2, 3) on rank 1)"),
+        ("noise_differs", "rank 1 differs from ranks 0, 2 in 'draw_noise' (the noise it returned"),
+    ],
+)
+def test_inputs_that_differ_between_ranks_raise_on_all(ranks, key, what):
+    for rank, res in enumerate(ranks):
+        assert res[key]["error"] is not None, f"rank {rank} decoded although the ranks' inputs differ"
+        kind, message = res[key]["error"]
+        assert kind == InputMismatchError.__name__, (rank, res[key]["error"])
+        assert message.startswith("op 'vae_tile_decode': "), message
+        assert what in message, (rank, message)
+        assert res[key]["error"] == ranks[0][key]["error"]  # every rank says the same
+        assert res[key]["elapsed"] < 20
+        assert res["after_differs"]["error"] is None, res["after_differs"]["error"]
+
+
+def test_local_group_decodes_each_ranks_own_latent_alone(ranks):
+    for rank, res in enumerate(ranks):
+        assert res["local"]["error"] is None, res["local"]["error"]
+        assert torch.equal(res["local"]["out"], _decode(seed=20 + rank)), f"rank {rank}"
+    assert torch.equal(ranks[0]["local_alone"]["out"], _decode(seed=20))
+    assert "local_alone" not in ranks[1]
 
 
 def test_hung_rank_times_out_everywhere(ranks):

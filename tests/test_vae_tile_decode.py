@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xbackend.vae import (
+    LOCAL,
     Tile,
     TileProgress,
     assemble_tiles,
@@ -332,7 +333,9 @@ _OK = {"tile": (2, 2, 2), "stride": (1, 1, 1), "scale": (1, 1, 1)}
         (None, {"draw_noise": 3}, TypeError, "argument 'draw_noise'"),
         (None, {"dst": 1}, ValueError, "argument 'dst' expected a rank of the group, 0..0"),
         (None, {"dst": "0"}, TypeError, "argument 'dst'"),
-        (None, {"group": object()}, TypeError, "argument 'group' expected None or a torch.distributed.ProcessGroup, got 'object'"),
+        (None, {"group": object()}, TypeError,
+         "argument 'group' expected None, xbackend.vae.LOCAL or a torch.distributed.ProcessGroup, got 'object'"),
+        (None, {"group": LOCAL, "dst": 1}, ValueError, "argument 'dst' expected a rank of the group, 0..0"),
     ],
 )
 def test_argument_errors(latent, overrides, exc, pattern):

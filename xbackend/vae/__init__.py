@@ -1,8 +1,11 @@
-"""Tiled VAE decoding: the `vae_tile_decode` op (serial or spread over a torch.distributed group)."""
+"""Tiled VAE decoding: the `vae_tile_decode` op (serial, or spread over a torch.distributed group whose ranks
+hold the same latent)."""
 
+from .agree import InputMismatchError, content_digest, require_same_on_ranks
 from .parallel import TileDecodeError, vae_tile_decode
 from .progress import TileProgress
 from .tiling import (
+    LOCAL,
     Tile,
     TileGrid,
     assemble_tiles,
@@ -15,6 +18,8 @@ from .tiling import (
 )
 
 __all__ = [
+    "LOCAL",
+    "InputMismatchError",
     "Tile",
     "TileDecodeError",
     "TileGrid",
@@ -23,7 +28,9 @@ __all__ = [
     "assign_tiles",
     "blend_into",
     "check_vae_tile_decode_args",
+    "content_digest",
     "make_grid",
+    "require_same_on_ranks",
     "resolve_blend",
     "tile_intervals",
     "vae_tile_decode",

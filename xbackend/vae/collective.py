@@ -21,8 +21,8 @@ What torch.distributed does on its own, and what this module adds (torch 2.13, g
   host, so the status all-reduce, each send/receive and the last broadcast wait with one (`timeout`,
   else the group's). NCCL's watchdog acts on its own at the group's timeout (by default it ends the
   process): a `timeout` shorter than the group's lets the exchange raise first.
-- Who failed: each rank notes in the group's store where it is in this call (decoding, or at the
-  exchange); after a failure the others read it to name the ranks that never arrived. The store is a
+- Who failed: each rank notes in the group's store where it is in this call (at the input check,
+  decoding, or at the exchange); after a failure the others read it to name the ranks that never arrived. The store is a
   courtesy: when it is unreachable (its host rank died) the message names no rank.
 
 After a failed collective the group is unusable on every rank: destroy it (`dist.destroy_process_group`)
@@ -43,8 +43,10 @@ import torch.distributed as dist
 
 from .tiling import OP_NAME
 
-# Key in the group's store under which a rank notes "<call>:<stage>" (stage: decoding, exchange).
+# Key in the group's store under which a rank notes "<call>:<stage>" (stage: one of _STAGES).
 _KEY = "xbackend/vae_tile_decode/rank{}"
+# The stages of one call, in order, and the collective each one ends in (None: no collective).
+_STAGES = {"check": "input check", "decoding": None, "exchange": "tile exchange"}
 # Calls of vae_tile_decode per group in this process; every rank of a group counts the same calls.
 _CALLS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 # A gloo collective is bounded by its own timeout; waiting this much longer returns gloo's own error.
@@ -74,7 +76,7 @@ def _ranks(ranks: list[int]) -> str:
 class GroupLink:
     """The collectives of one vae_tile_decode call on one group, with a deadline and failure reports.
 
-    `with link:` spans the exchange: inside it gloo's collectives carry the call's `timeout`.
+    `with link:` spans each stage's collectives: inside it gloo's collectives carry the call's `timeout`.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class GroupLink:
         self.group = group
         self.rank = rank
         self.world = world
+        self.device = device
         self.pg = group if group is not None else dist.group.WORLD
         self.backend = _backend(self.pg, device)
         gloo = getattr(dist, "ProcessGroupGloo", None)
@@ -100,11 +103,13 @@ class GroupLink:
         _CALLS[self.pg] = self.call
         self._saved_timeout: datetime.timedelta | None = None
         self._pending: tuple[str, Any, float] | None = None
+        self.stage = "check"
 
     # -- progress notes in the store ---------------------------------------------------------------------
 
     def note(self, stage: str) -> None:
         """Tell the other ranks (through the group's store) that this rank reached `stage` of this call."""
+        self.stage = stage
         if self.store is None:
             return
         try:
@@ -114,7 +119,7 @@ class GroupLink:
             self.store = None
 
     def _stages(self) -> dict[int, str] | None:
-        """Each other rank's stage in this call ("decoding", "exchange", "not started", "ahead"), or None."""
+        """Each other rank's stage in this call (one of _STAGES, "not started", "ahead"), or None."""
         if self.store is None:
             return None
         stages: dict[int, str] = {}
@@ -220,6 +225,12 @@ class GroupLink:
             own_error,
         )
 
+    def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        self.run(
+            "input check all-gather",
+            lambda: dist.all_gather(outputs, tensor, group=self.group, async_op=True),
+        )
+
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.run(
             f"broadcast of a tile from rank {src}",
@@ -275,9 +286,9 @@ class GroupLink:
 
     def _await_arrivals(self, stages: dict[int, str] | None) -> dict[int, str] | None:
         # Ranks still decoding a little slower than this one would be taken for the dead one: give them a
-        # moment to reach the exchange while more than one rank is missing.
+        # moment to reach this collective while more than one rank is missing.
         deadline = time.monotonic() + _ARRIVAL_GRACE_S
-        while stages is not None and len(_missing(stages)) > 1 and time.monotonic() < deadline:
+        while stages is not None and len(_missing(stages, self.stage)) > 1 and time.monotonic() < deadline:
             time.sleep(0.05)
             stages = self._stages()
         return stages
@@ -289,7 +300,8 @@ class GroupLink:
             waited = f"the group's timeout of {_seconds(self.group_timeout)}"
         else:
             waited = "the group's timeout"
-        missing = None if stages is None else _missing(stages)
+        missing = None if stages is None else _missing(stages, self.stage)
+        place = _STAGES.get(self.stage) or "exchange"
         if cause == "timeout":
             if missing:
                 why = "; ".join(f"rank {r} {_STAGE_WHY[stages[r]]}" for r in missing)  # type: ignore[index]
@@ -306,18 +318,18 @@ class GroupLink:
         if cause == "closed":
             if missing and len(missing) == 1:
                 return (
-                    f"{_ranks(missing)}'s connection closed after {elapsed:.1f} s, before it reached the tile "
-                    "exchange: its process exited or crashed (see its own log)"
+                    f"{_ranks(missing)}'s connection closed after {elapsed:.1f} s, before it reached the {place}: "
+                    "its process exited or crashed (see its own log)"
                 )
             if missing:
                 return (
                     f"the connection to one of {_ranks(missing)} closed after {elapsed:.1f} s in the {what}; none of "
-                    "them reached the tile exchange: one exited or crashed (see their logs)"
+                    f"them reached the {place}: one exited or crashed (see their logs)"
                 )
             if missing == []:
                 return (
                     f"a peer's connection closed after {elapsed:.1f} s in the {what}; every rank had reached the "
-                    "exchange, so a peer gave up waiting for this rank (its own timeout) or exited"
+                    f"{place}, so a peer gave up waiting for this rank (its own timeout) or exited"
                 )
             return (
                 f"a peer's connection closed after {elapsed:.1f} s in the {what}: the peer exited or crashed, or "
@@ -327,6 +339,7 @@ class GroupLink:
 
 
 _STAGE_WHY = {
+    "check": "was at the input check",
     "decoding": "was still decoding its tiles: hung or slow in decode_tile",
     "not started": "had not started this decode: still busy before it, or calling collectives in another order",
     "exchange": "had reached the exchange",
@@ -334,8 +347,10 @@ _STAGE_WHY = {
 }
 
 
-def _missing(stages: dict[int, str]) -> list[int]:
-    return [r for r, stage in sorted(stages.items()) if stage != "exchange"]
+def _missing(stages: dict[int, str], at: str) -> list[int]:
+    """The ranks that had not reached stage `at` of this call (a later call counts as missing)."""
+    order = list(_STAGES)
+    return [r for r, stage in sorted(stages.items()) if stage not in order or order.index(stage) < order.index(at)]
 
 
 def _cause(exc: BaseException, elapsed: float, timeout: datetime.timedelta | None) -> str:

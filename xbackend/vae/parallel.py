@@ -1,7 +1,9 @@
 """`vae_tile_decode`: decode a latent tile by tile, spread over the ranks of a torch.distributed group.
 
 Every rank cuts the same grid and computes the same ownership plan (largest tile first to the least
-loaded rank), so nobody negotiates. Each rank decodes its own tiles in serial order, then one all-reduce
+loaded rank), so nobody negotiates. That holds only if every rank was given the same latent and
+arguments, so the ranks first all-gather a fingerprint of them (`agree.py`), and if one differs, all
+raise InputMismatchError naming it. Each rank decodes its own tiles in serial order, then one all-reduce
 carries both every tile's shape/dtype and a failure flag per rank: a rank whose decode raised still joins
 it, so the others raise too instead of waiting forever in the next collective. Tiles then travel from
 their owner to every rank (broadcast) or to `dst` only (send/recv), and each receiving rank runs the same
@@ -9,7 +11,9 @@ serial assembly, so the result is bit-identical whatever the world size.
 
 Noise: `draw_noise(tile)` is called for every tile, in serial order, on every rank, whether it owns the
 tile or not, right before the tile would be decoded serially. A generator shared by the tiles therefore
-advances exactly as in a one-process decode, and a tile's noise does not depend on who decodes it.
+advances exactly as in a one-process decode, and a tile's noise does not depend on who decodes it. Each
+rank digests the noise it drew and the status all-reduce carries the digests: ranks whose generators
+were in different states raise InputMismatchError on every rank before any tile travels.
 
 Failures, and what the caller does after them:
 
@@ -32,21 +36,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .agree import InputMismatchError, NoiseDigest, mismatch_message, require_same
 from .collective import GroupLink, TileDecodeError
 from .progress import TileProgress
 from .tiling import (
+    LOCAL,
     OP_NAME,
     Tile,
+    _Local,
     assemble_tiles,
     assign_tiles,
     check_decoded_tile,
     check_vae_tile_decode_args,
+    group_world_size,
     make_grid,
     normalize_axes,
     resolve_blend,
 )
 
-__all__ = ["TileDecodeError", "vae_tile_decode"]
+__all__ = ["LOCAL", "InputMismatchError", "TileDecodeError", "vae_tile_decode"]
 
 # Tile metadata sent in the status all-reduce: dtype code, ndim, then up to _MAX_DIMS sizes.
 _MAX_DIMS = 8
@@ -62,6 +70,11 @@ _DTYPES = (
     torch.int32,
     torch.int64,
     torch.bool,
+)
+_LABEL = f"op {OP_NAME!r}"
+_HINT = (
+    "Every rank of the group decodes the same latent together (group=None is the default group while "
+    "torch.distributed is initialised); to decode each rank's own latent on its own, pass group=xbackend.vae.LOCAL."
 )
 
 
@@ -79,7 +92,7 @@ def vae_tile_decode(
     axes: tuple[int, int, int] = (2, 3, 4),
     whole_if_fits: bool = True,
     draw_noise: Callable[[Tile], Any] | None = None,
-    group: dist.ProcessGroup | None = None,
+    group: dist.ProcessGroup | _Local | None = None,
     dst: int | None = None,
     progress: bool = False,
     timeout: datetime.timedelta | None = None,
@@ -100,11 +113,14 @@ def vae_tile_decode(
     to `out_size`.
 
     Distributed: `group` (or the default group when torch.distributed is initialised) splits the tiles
-    over its ranks; every rank (or only group rank `dst`) gets the result, the others get None. A failure
-    on any rank raises on every rank; a rank that never answers makes the others raise after `timeout`
-    (default: the group's timeout; it bounds every collective of the call), and one that died makes them
-    raise at once. After a hung or dead rank the group is unusable: destroy it and make a new one, or exit
-    (module docstring). Decoding all tiles on one process and on N ranks gives the same bits.
+    over its ranks; every rank (or only group rank `dst`) gets the result, the others get None.
+    `group=LOCAL` decodes on this process alone. Every rank of the group must pass the same latent, tile
+    arguments and `dst`, and draw the same noise: otherwise every rank raises InputMismatchError naming
+    the ranks that differ (one all-gather of a few int64s before decoding; the noise digests ride on the
+    status all-reduce), and the group stays usable. A failure on any rank raises on every rank; a rank
+    that never answers makes the others raise after `timeout` (default: the group's timeout; it bounds
+    every collective of the call), and one that died makes them raise at once. After a hung or dead rank
+    the group is unusable: destroy it and make a new one, or exit (module docstring). Decoding all tiles on one process and on N ranks gives the same bits.
 
     `decode_tile`'s output is checked on every tile: as many dims as the latent, H and W equal to the tile's
     latent size times `scale`, and a tile that is not last along an axis at least as long as the part kept
@@ -131,12 +147,30 @@ def vae_tile_decode(
     dims = normalize_axes(latent, axes)
     grid = make_grid([latent.shape[d] for d in dims], tile, stride, min_remnant, whole_if_fits)
     tiles = grid.tiles()
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-    world = dist.get_world_size(group) if distributed else 1
+    world = group_world_size(group)
+    distributed = world > 1
     rank = dist.get_rank(group) if distributed else 0
     owners = assign_tiles([t.volume for t in tiles], world)
     link = GroupLink(group, rank, world, latent.device, timeout) if distributed else None
+    noise_digest = NoiseDigest(latent.device) if distributed and draw_noise is not None else None
     if link is not None:
+        link.note("check")
+        inputs = {
+            "latent": latent,
+            "tile": tuple(tile),
+            "stride": tuple(stride),
+            "scale": tuple(scale),
+            "min_remnant": tuple(min_remnant),
+            "blend": tuple(blend),
+            "lead": tuple(lead),
+            "out_size": tuple(out_size),
+            "axes": dims,
+            "whole_if_fits": whole_if_fits,
+            "dst": dst,
+            "draw_noise": draw_noise is not None,
+        }
+        with link:
+            require_same(link, inputs, label=_LABEL, hint=_HINT)
         link.note("decoding")
     shape_args = {"latent_ndim": latent.ndim, "stride": stride, "scale": scale, "lead": lead}
 
@@ -147,6 +181,8 @@ def vae_tile_decode(
         try:
             for t in tiles:
                 noise = draw_noise(t) if draw_noise is not None else None
+                if noise_digest is not None:
+                    noise_digest.add(noise)
                 if owners[t.index] != rank:
                     continue
                 mine[t.index] = _decode_one(
@@ -161,7 +197,8 @@ def vae_tile_decode(
 
     if link is not None:
         with link:
-            decoded = _exchange(tiles, owners, mine, error, link=link, dst=dst, device=latent.device)
+            noise = None if noise_digest is None else noise_digest.value
+            decoded = _exchange(tiles, owners, mine, error, noise, link=link, dst=dst, device=latent.device)
         if decoded is None:
             return None
     else:
@@ -205,7 +242,8 @@ def _decode_one(
 
 
 def _encode_meta(tiles: Sequence[Tile], mine: dict[int, torch.Tensor], world: int) -> torch.Tensor:
-    meta = torch.zeros(len(tiles) * _META + world, dtype=torch.int64)
+    # Per tile its metadata, then per rank a failure flag and a noise digest.
+    meta = torch.zeros(len(tiles) * _META + 2 * world, dtype=torch.int64)
     for index, out in mine.items():
         if out.dtype not in _DTYPES or out.ndim > _MAX_DIMS:
             raise TypeError(f"op {OP_NAME!r}: cannot send a decoded tile of dtype {out.dtype} and {out.ndim} dims")
@@ -242,14 +280,17 @@ def _exchange(
     owners: Sequence[int],
     mine: dict[int, torch.Tensor],
     error: BaseException | None,
+    noise: torch.Tensor | None,
     *,
     link: GroupLink,
     dst: int | None,
     device: torch.device,
 ) -> list[torch.Tensor] | None:
-    """Agree on success, then deliver every tile to every rank (or to `dst`). Raises on every rank on failure."""
+    """Agree on success and on the noise drawn, then deliver every tile to every rank (or to `dst`).
+    Raises on every rank on failure."""
     rank, world = link.rank, link.world
-    meta = torch.zeros(len(tiles) * _META + world, dtype=torch.int64)
+    flags = len(tiles) * _META
+    meta = torch.zeros(flags + 2 * world, dtype=torch.int64)
     if error is None:
         try:
             meta = _encode_meta(tiles, mine, world)
@@ -258,15 +299,29 @@ def _exchange(
             error = exc
     if error is not None:
         meta.zero_()
-        meta[len(tiles) * _META + rank] = 1
+        meta[flags + rank] = 1
     # NCCL only reduces device tensors, gloo takes either: the latent's device suits both.
     meta_dev = meta.to(device)
+    if noise is not None and error is None:
+        # Each rank fills its own slot, the sum is every rank's digest: an all-gather inside the all-reduce.
+        meta_dev[flags + world + rank] = noise
     link.note("exchange")
     link.all_reduce(meta_dev, own_error=error)
     meta = meta_dev.cpu()
-    failed = [r for r in range(world) if meta[len(tiles) * _META + r] > 0]
+    failed = [r for r in range(world) if meta[flags + r] > 0]
     if failed:
         _raise_collective_failure(error, failed, link)
+    digests = meta[flags + world :].tolist()
+    if len(set(digests)) > 1:
+        raise InputMismatchError(
+            mismatch_message(
+                [(d,) for d in digests],
+                lambda *_: "'draw_noise' (the noise it returned: generators in different states, or one that "
+                "decode_tile draws from too, on the tile's owner only)",
+                label=_LABEL,
+                hint=_HINT,
+            )
+        )
 
     receives = dst is None or rank == dst
     out: list[torch.Tensor] = []

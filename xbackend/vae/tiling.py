@@ -22,6 +22,22 @@ import torch.distributed as dist
 
 OP_NAME = "vae_tile_decode"
 
+
+class _Local:
+    """The type of `LOCAL`."""
+
+    def __repr__(self) -> str:
+        return "xbackend.vae.LOCAL"
+
+    def __reduce__(self) -> str:
+        # Pickled and deep-copied as the module's one instance.
+        return "LOCAL"
+
+
+# `group=LOCAL`: decode on this process alone, also while torch.distributed is initialised (where
+# `group=None` means the default group). What a data-parallel job passes: each rank its own latent.
+LOCAL = _Local()
+
 # Output dims of the three tiled axes in every decoded tile and in the result.
 _OUT_DIMS = (-3, -2, -1)
 
@@ -374,11 +390,14 @@ def check_decoded_tile(
 
 
 def _check_group(group: Any, dst: int | None) -> None:
-    if group is not None:
+    if group is not None and group is not LOCAL:
         if not dist.is_available():
-            raise _arg_error(ValueError, "group", "None (this torch build has no torch.distributed)", type(group).__name__)
+            expected = "None or xbackend.vae.LOCAL (this torch build has no torch.distributed)"
+            raise _arg_error(ValueError, "group", expected, type(group).__name__)
         if not isinstance(group, dist.ProcessGroup):
-            raise _arg_error(TypeError, "group", "None or a torch.distributed.ProcessGroup", type(group).__name__)
+            raise _arg_error(
+                TypeError, "group", "None, xbackend.vae.LOCAL or a torch.distributed.ProcessGroup", type(group).__name__
+            )
         if not dist.is_initialized():
             raise _arg_error(
                 ValueError, "group", "a process group of an initialised torch.distributed", "a group, no init"
@@ -391,7 +410,7 @@ def _check_group(group: Any, dst: int | None) -> None:
 
 
 def group_world_size(group: Any) -> int:
-    """Ranks in `group`; 1 when torch.distributed is not initialised and no group is given."""
-    if group is None and not (dist.is_available() and dist.is_initialized()):
+    """Ranks in `group`; 1 for `LOCAL`, and when torch.distributed is not initialised and no group is given."""
+    if group is LOCAL or (group is None and not (dist.is_available() and dist.is_initialized())):
         return 1
     return dist.get_world_size(group)
