@@ -6,14 +6,16 @@ against stock diffusers and torch.compile.
     torchrun --nproc_per_node=2 examples/ltx2_diffvae.py --height 1088 --width 1920 --frames 121 --no-stock
 
 Under torchrun (NCCL, one GPU per rank; gloo on CPUs) the patched decode runs twice: on rank 0's device
-alone, then with its tiles spread over every rank; rank 0 prints both times, the scaling and whether
-the outputs are bit-identical. `--phases` adds one more decode over every rank, timed by phase on each
+alone (`xbackend.patch(model)`: each rank decodes its own latent), then with its tiles spread over every
+rank (`xbackend.patch(model, decode_group=torch.distributed.group.WORLD)`: every rank decodes the same
+latent, which each call checks); rank 0 prints both times, the scaling and whether the outputs are
+bit-identical. `--phases` adds one more decode over every rank, timed by phase on each
 rank (`decode_phases`): stages 1-3 (every rank runs them on the whole latent), stage 4 and stage 5 of
 the rank's own tiles, and the rest (the tile exchange, blending, noise): where the scaling goes.
 
 Random weights from a config (nothing is downloaded). xbackend.patch routes the RMSNorms, the stage-5
 adaLN modulations, every neighborhood attention (get_op("neighborhood_attention") in place of diffusers'
-flex processor) and tiled_decode (the vae_tile_decode adapter; over all ranks under torchrun).
+flex processor) and tiled_decode (the vae_tile_decode adapter; over every rank under torchrun).
 
 Modes: stock diffusers (flex attention, eager), xbackend.patch, and stock diffusers with every attention
 block torch.compile'd (compiled flex: the fast stock path; its first call includes the warm-up).
@@ -208,7 +210,6 @@ def main_distributed(args: argparse.Namespace) -> None:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     unit = "GPU" if device.type == "cuda" else "rank"
-    singles = [dist.new_group([r]) for r in range(world)]  # new_group is collective: every rank makes all
     args.device = str(device)
     model = build_model(args)
     for tensor in [*model.parameters(), *model.buffers()]:
@@ -231,10 +232,13 @@ def main_distributed(args: argparse.Namespace) -> None:
     if rank == 0:
         print(f"DiffVAE ({'tiny' if args.tiny else 'default'} config): latent {tuple(z.shape)} -> "
               f"{args.frames}x{args.height}x{args.width}, {world} ranks")  # fmt: skip
-        print(xbackend.patch(model, decode_group=singles[0]))
+        print(xbackend.patch(model))  # no decode_group: this rank decodes alone, the others go on
         one, first_one, median_one = timed(decode, args.device, args.repeats, f"1 {unit}")
         xbackend.unpatch(model)
-    xbackend.patch(model)  # the default group: tiles over every rank, the result on every rank
+    # Tiles over every rank, the result on every rank; each call checks that the ranks hold the same z.
+    report = xbackend.patch(model, decode_group=dist.group.WORLD)
+    if rank == 0:
+        print(report)
     out, first_all, median_all = timed_all(f"{world} {unit}s")
     if rank == 0:
         same = "bit-identical" if bits_equal(out, one) else "DIFFERS"

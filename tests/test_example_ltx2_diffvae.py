@@ -1,5 +1,5 @@
-"""examples/ltx2_diffvae.py under torchrun on two gloo CPU ranks (tiny decoder): the spread decode is
-bit-identical to rank 0's alone, and `--phases` accounts for every tile once across the ranks."""
+"""examples/ltx2_diffvae.py under torchrun on two gloo CPU ranks (tiny decoder): the decode spread over
+decode_group is bit-identical to rank 0's alone, and `--phases` accounts for every tile once across the ranks."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def test_two_gloo_ranks_bit_identical_with_phases():
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     assert "xbackend.patch, 2 ranks" in out and "bit-identical to 1 rank" in out, out
+    # The reports say where each decode ran: rank 0 alone, then over every rank.
+    assert "tiled_decode at <model>: serial, on this rank alone" in out, out
+    assert "tiled_decode at <model>: parallel, tiles over decode_group the default group (2 ranks: 0, 1)" in out, out
     rows = re.findall(r"^(\d)\s+(\d+)\s+([\d.]+)s\s+([\d.]+)s\s+([\d.]+)s\s+(-?[\d.]+)s\s+([\d.]+)s$", out, re.M)
     assert [r[0] for r in rows] == ["0", "1"], out
     # The tiny decoder's tiling is a 3x3x3 grid: every tile decoded by exactly one rank.

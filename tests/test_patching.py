@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 pytest.importorskip("diffusers")
@@ -21,7 +22,6 @@ pytest.importorskip("diffusers")
 import diffusers
 from diffusers import LTX2VideoDiffusionDecoderModel, LTX2VideoTransformer3DModel
 from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
-from test_vae_distributed import run_ranks
 
 import xbackend
 from xbackend.adapters.diffusers_ltx2 import set_diffvae_attention
@@ -613,20 +613,46 @@ def test_diffvae_prelude_needs_the_attention_site_and_steps_aside_for_hooks() ->
     assert calls  # the hooked norm ran: that layer took diffusers' project_qkv
 
 
-def _decode_worker(rank: int, world: int, state: dict) -> dict[str, Any]:
-    model = build_diffvae(state)
-    set_diffvae_attention(model, xbackend.get_op("neighborhood_attention"))
-    xbackend.patch(model)
-    return {"out": decode(model)}
+def test_diffvae_tiled_decode_is_serial_unless_given_a_decode_group() -> None:
+    """Which ranks decode is in the report; bad decode_group values name the argument. The ranks
+    themselves: test_patch_decode_group.py."""
+    model = build_diffvae()
+    report = xbackend.patch(model, only=("tiled_decode",))
+    assert "tiled_decode at <model>: serial, on this rank alone (no decode_group)" in str(report), str(report)
+    xbackend.unpatch(model)
+    for bad, kind, got in [
+        ("world", TypeError, "got str"),
+        (True, TypeError, "got bool"),
+        (dist.GroupMember.NON_GROUP_MEMBER, TypeError, "got GroupMember.NON_GROUP_MEMBER (what new_group returns"),
+        ([0, 1], TypeError, "got list"),
+    ]:
+        with pytest.raises(kind) as info:
+            xbackend.patch(model, decode_group=bad)
+        message = str(info.value)
+        assert message.startswith("xbackend.patch: argument 'decode_group' expected None (each rank decodes"), message
+        assert got in message, message
+    assert "tiled_decode" not in model.__dict__  # refused before anything was patched
 
 
-def test_diffvae_patched_tiled_decode_runs_over_the_default_group(one_thread, tmp_path) -> None:
+def test_diffvae_decode_group_of_one_rank_and_after_destroy(tmp_path) -> None:
     model = build_diffvae()
     set_diffvae_attention(model, xbackend.get_op("neighborhood_attention"))
     expected = decode(model)
-    results = run_ranks(_decode_worker, 2, tmp_path, args=(model.state_dict(),))
-    for res in results:
-        assert torch.equal(res["out"], expected)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        report = xbackend.patch(model, decode_group=group)
+        assert "parallel, tiles over decode_group the default group (1 rank: 0)" in str(report), str(report)
+        assert torch.equal(decode(model), expected)  # one rank: nothing to compare, nothing to exchange
+        # Patched again with another decode_group: the first one stays, and the report says so.
+        again = xbackend.patch(model)
+        assert [(k.kind, k.path) for k in again.skipped if k.kind == "tiled_decode"] == [("tiled_decode", "")]
+        assert "unpatch first to change it" in str(again)
+        xbackend.unpatch(model)
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ValueError, match="argument 'decode_group' expected .* got a process group while torch.distributed"):
+        xbackend.patch(model, decode_group=group)
 
 
 def test_report_is_printable_and_serialisable() -> None:

@@ -14,8 +14,9 @@
 - The DiffVAE's neighborhood attention runs ``get_op("neighborhood_attention")`` in place of diffusers'
   flex/NATTEN processor, with ``project_qkv``'s q/k norms, query scale and 3-D RoPE as one
   ``qk_norm_rope_3d`` call (``ltx2_attention.py``); its SwiGLU's ``silu(gate) * up`` is ``silu_mul``
-  (``ltx2_mlp.py``), and its ``tiled_decode`` runs ``vae_tile_decode`` (over the default process group
-  when torch.distributed is initialised; ``ltx2_diffvae.py``).
+  (``ltx2_mlp.py``), and its ``tiled_decode`` runs ``vae_tile_decode`` (``ltx2_diffvae.py``): on this
+  rank alone, or with ``decode_group`` spread over that process group's ranks, which must all decode the
+  same latent (checked on each call).
 
 Each fused call first checks that the op is the same expression for these inputs (dtypes, devices,
 shapes); when not, the model's own expression runs. Anything not recognised is left alone, patching
@@ -98,6 +99,8 @@ class PatchReport:
             return f"xbackend unpatch: {len(self.sites)} sites restored ({counts})"
         fresh = sum(s.new for s in self.sites)
         lines = [f"xbackend patch: {len(self.sites)} sites ({counts}); {fresh} new, {len(self.sites) - fresh} already patched"]
+        # Where a tiled decode runs (this rank, or a process group) changes what every rank gets back.
+        lines += [f"  tiled_decode at {s.path or '<model>'}: {s.detail}" for s in self.sites if s.kind == "tiled_decode"]
         reasons: dict[tuple[str, str], list[str]] = {}
         for k in self.skipped:
             reasons.setdefault((k.kind, k.reason), []).append(k.path)
@@ -137,17 +140,22 @@ def patch(model: nn.Module, *, kinds: Iterable[str] | None = None, only: Iterabl
     ``kinds`` (or its alias ``only``) limits the patch to some of ``KINDS`` (default: all);
     ``exclude`` leaves some out, e.g. ``patch(model, only=("neighborhood_attention",))`` or
     ``patch(model, exclude=("gated_residual",))`` to bisect a difference. To change it on a patched
-    model, `unpatch` first: sites patched earlier stay as they are. ``decode_group`` is the process
-    group a patched DiffVAE ``tiled_decode`` spreads its tiles over (None: the default group when
-    torch.distributed is initialised, and every rank must then decode the same latent); leave
-    ``"tiled_decode"`` out to keep diffusers' serial decode.
+    model, `unpatch` first: sites patched earlier stay as they are.
+
+    ``decode_group``: where a patched DiffVAE ``tiled_decode`` decodes. None (default): on each rank
+    alone, its own latent, also under torch.distributed (a data-parallel job). A
+    ``torch.distributed.ProcessGroup`` (e.g. ``torch.distributed.group.WORLD``): its tiles spread over
+    that group's ranks, which must all decode the same ``z`` with a generator in the same state and the
+    same step count; each call checks that and raises ``xbackend.vae.InputMismatchError`` on every rank,
+    naming the ranks that differ. The report says which. Leave ``"tiled_decode"`` out to keep
+    diffusers' own decode.
     """
     if kinds is not None and only is not None:
         raise TypeError("xbackend.patch: give 'kinds' or its alias 'only', not both")
     chosen = _kinds(only, "only") if only is not None else _kinds(kinds)
     chosen -= _kinds(exclude, "exclude") if exclude else frozenset()
     _require_module("patch", model)
-    options = PatchOptions(chosen, decode_group)
+    options = PatchOptions(chosen, ltx2_diffvae.check_decode_group(decode_group))
     found = Findings()
     for path, module in model.named_modules():
         row = PATCHES.get(_class_name(module))
