@@ -110,3 +110,21 @@ def test_require_same_on_ranks_is_free_without_a_group() -> None:
 def test_local_is_one_object() -> None:
     assert pickle.loads(pickle.dumps(LOCAL)) is LOCAL and copy.deepcopy(LOCAL) is LOCAL
     assert repr(LOCAL) == "xbackend.vae.LOCAL"
+
+
+def test_noise_digest_folds_tensors_sequences_and_plain_values() -> None:
+    from xbackend.vae.agree import NoiseDigest
+
+    def digest(*draws) -> int:
+        nd = NoiseDigest(torch.device("cpu"))
+        for noise in draws:
+            nd.add(noise)
+        return int(nd.value)
+
+    a, b = torch.zeros(2, 3), torch.ones(2, 3)
+    assert digest(a, b) == digest(a.clone(), b.clone())
+    assert digest(a, b) != digest(b, a)  # draw order counts
+    assert digest(a.reshape(3, 2)) != digest(a)  # so does the shape
+    assert digest((1, 2, 3, 4, 5, 6, 7, 8) * 4) == digest((1, 2, 3, 4, 5, 6, 7, 8) * 4)  # long tuples of ints wrap
+    assert digest([a, 3]) != digest([a, 4])
+    assert digest(object()) == digest(object())  # no digest of an arbitrary object: its repr holds an address
