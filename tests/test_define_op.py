@@ -16,6 +16,7 @@ import torch
 import xbackend
 from xbackend import _api, _fastkey
 from xbackend import _checks as chk
+from xbackend._guard import alignment
 from xbackend._opspec import OpSpec, define_op
 from xbackend.ops import OPS
 from xbackend.ops import _cases as C
@@ -113,8 +114,8 @@ def test_the_spec_comes_from_bind() -> None:
 
 def test_the_key_is_flat_and_tags_non_tensors() -> None:
     x, y = inputs()
-    assert SPEC.key(x, y, 0.5) == (NAME, x.shape, x.stride(), x.dtype, x.device, y.shape, y.stride(), y.dtype, y.device,
-                                   0.5, float)
+    assert SPEC.key(x, y, 0.5) == (NAME, x.shape, x.stride(), x.dtype, x.device, alignment(x),
+                                   y.shape, y.stride(), y.dtype, y.device, alignment(y), 0.5, float)
     assert SPEC.key(x=x, y=y, alpha=0.5) == SPEC.key(x, y, 0.5)
     assert len({SPEC.key(x, y, 1), SPEC.key(x, y, 1.0), SPEC.key(x, y, True)}) == 3  # equal values, other types
     assert SPEC.key(x, y.t().contiguous().t(), 0.5) != SPEC.key(x, y, 0.5)  # strides

@@ -607,11 +607,12 @@ def test_werror_fallback_warning_is_raised_on_a_later_call_mismatch_too() -> Non
         calls["n"] += 1
         return gr.reference(x, u, g) + (calls["n"] > 1)
 
+    args = inputs()  # one key: new tensors of the same shape can start at another alignment class
     with fresh_runtime([plugin("gated_residual", "late", late)]), xbackend.verify("always"), warnings.catch_warnings():
         warnings.simplefilter("error", xbackend.FallbackWarning)
-        gated_residual(*inputs())
+        gated_residual(*args)
         with pytest.raises(xbackend.FallbackWarning, match="later call"):
-            gated_residual(*inputs())
+            gated_residual(*args)
 
 
 def test_an_error_after_an_out_of_memory_retry_falls_back_and_a_good_retry_resets_the_count() -> None:

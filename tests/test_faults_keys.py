@@ -84,7 +84,8 @@ def test_keys_differ_in_the_type_of_equal_scalars(key_form: str) -> None:
         assert keys["neighborhood_attention"](q, q, q, a, (1, 1), (False, False), None, (1, 1)) != \
             keys["neighborhood_attention"](q, q, q, b, (1, 1), (False, False), None, (1, 1)), (a, b)
     same = keys["neighborhood_attention"](q, q, q, (3, 3), (1, 1), (False, False), None, (1, 1))
-    assert same == keys["neighborhood_attention"](q_(), q_(), q_(), (3, 3), (1, 1), (False, False), None, (1, 1))
+    other = test_fastkey.twin(q)  # new memory, the same metadata and alignment class
+    assert same == keys["neighborhood_attention"](other, other, other, (3, 3), (1, 1), (False, False), None, (1, 1))
 
 
 # -- zero sizes: the op's ValueError ---------------------------------------------------------------
@@ -154,3 +155,36 @@ def test_a_type_error_from_inside_bind_is_kept() -> None:
     assert chk.bad_call("op", "op(x, y=1)", bind, (1,), {"y": 2}) is None
     assert str(chk.bad_call("op", "op(x, y=1)", bind, (1,), {"z": 2})) == \
         "op: unexpected keyword argument 'z'; signature: op(x, y=1)"
+
+
+# -- alignment: a kernel's path can depend on where the data starts ---------------------------------
+def wrong_when_misaligned(x, update, gate):
+    """Exact on 16-byte-aligned inputs; one ulp off otherwise, as a vectorised path taken only where a
+    kernel tests the address would be if it were wrong."""
+    out = (x + update * gate).contiguous()
+    if any(t.data_ptr() % 16 for t in (x, update, gate)):
+        out = torch.nextafter(out, torch.full_like(out, float("inf")))
+    return out
+
+
+class AlignmentPlugin:
+    @xbackend.hookimpl
+    def xbackend_register_impls(self, registrar):
+        registrar.register(op="gated_residual", name="vectorised", fn=wrong_when_misaligned, priority=5, devices="cpu")
+
+
+def test_an_impl_verified_on_aligned_inputs_is_verified_again_on_a_misaligned_view(key_form: str) -> None:
+    gated_residual = xbackend.get_op("gated_residual")
+    buf = torch.randn(2 * 8 * 64 + 1)
+    aligned, shifted = buf[:-1].view(2, 8, 64), buf[1:].view(2, 8, 64)  # same shape and strides, 4 bytes apart
+    assert aligned.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 4
+    u, g = torch.randn(2, 8, 64), torch.randn(2, 1, 64)
+    with fresh_runtime([("p", AlignmentPlugin())]) as rt, pytest.warns(xbackend.FallbackWarning, match="failed verification"):
+        assert torch.equal(gated_residual(aligned, u, g), aligned + u * g)
+        assert [(e.impl, e.status) for e in rt.events] == [("p:vectorised", "verified")]
+        assert torch.equal(gated_residual(shifted, u, g), shifted + u * g)
+        assert [(e.impl, e.status) for e in rt.events][1:] == [("p:vectorised", "mismatch"), ("xbackend:reference", "reference")]
+        assert "align 4" in rt.events[1].key
+        # The aligned key keeps its verified impl.
+        assert torch.equal(gated_residual(aligned, u, g), aligned + u * g) and len(rt.events) == 3
+    assert gated_residual._key(aligned, u, g) != gated_residual._key(shifted, u, g)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 
 import pytest
 import torch
@@ -116,3 +117,69 @@ def test_ulp_contract_is_checked_by_ulp_distance() -> None:
             out = gated_residual(x, u, g)
         assert not torch.equal(out, x + u * g)
         assert [e.status for e in rt.events] == ["reference", "verified"]
+
+
+# -- inputs the guard cannot copy: the reference answers, no impl is blamed -------------------------
+RAN: list[str] = []
+
+
+def reads_pointers(x, u, g):
+    """A fast impl as a kernel launch is: it reads each input's data pointer (which a BatchedTensor or a
+    functorch wrapper refuses), then computes the exact answer."""
+    for t in (x, u, g):
+        t.data_ptr()
+    RAN.append("fast")
+    return (x + u * g).contiguous()
+
+
+class PointerPlugin:
+    @xbackend.hookimpl
+    def xbackend_register_impls(self, registrar):
+        registrar.register(op="gated_residual", name="fast", fn=reads_pointers, priority=5, devices="cpu")
+
+
+def batched(n: int = 3, d: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(d)
+    return torch.randn(n, 2, 8, d, generator=g), torch.randn(n, 2, 8, d, generator=g), torch.randn(n, 2, 1, d, generator=g)
+
+
+@pytest.mark.parametrize("plain_first", [False, True], ids=["vmap first", "plain call first"])
+def test_vmap_gets_the_reference_and_the_fast_impl_keeps_its_key(plain_first: bool) -> None:
+    x, u, g = batched()
+    with fresh_runtime([("p", PointerPlugin())]) as rt, warnings.catch_warnings():
+        warnings.simplefilter("error", xbackend.FallbackWarning)
+        if plain_first:
+            assert torch.equal(gated_residual(x[0], u[0], g[0]), x[0] + u[0] * g[0])
+        for _ in range(2):
+            assert torch.equal(torch.vmap(gated_residual)(x, u, g), x + u * g)
+        vmapped = [e for e in rt.events if e.status != "verified"]
+        assert [(e.impl, e.status) for e in vmapped] == [("p:fast", "unverified")] * 2
+        assert "cannot copy" in vmapped[0].detail and "BatchedTensor" in vmapped[0].detail
+        # A plain call of one example's shape: the fast impl, verified once and never disabled.
+        RAN.clear()
+        assert torch.equal(gated_residual(x[1], u[1], g[1]), x[1] + u[1] * g[1])
+        assert RAN == ["fast"]
+        assert [e.status for e in rt.events].count("verified") == 1
+        assert not any(e.status in ("raised", "mismatch") for e in rt.events)
+
+
+def test_fake_tensors_and_dispatch_subclasses_get_the_reference_and_blame_no_impl() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x, u, g = batched(1)
+    mode = FakeTensorMode()
+    fake = [mode.from_tensor(t[0].clone()) for t in (x, u, g)]
+    with fresh_runtime([("p", PointerPlugin())]) as rt, warnings.catch_warnings():
+        warnings.simplefilter("error", xbackend.FallbackWarning)
+        warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")  # the impl's own read, if it ran
+        out = gated_residual(*fake)  # outside any compile: the mode is not active
+        assert out.shape == x[0].shape
+        # A __torch_dispatch__ subclass: its values are what its dispatch computes (here two tensors at
+        # once), so a copy of its bytes is not the tensor the caller passed.
+        two = gated_residual(*[TwoTensor(t[0], 2 * t[0]) for t in (x, u, g)])
+        assert torch.equal(two.a, x[0] + u[0] * g[0]) and torch.equal(two.b, 2 * x[0] + 4 * u[0] * g[0])
+        assert [(e.impl, e.status) for e in rt.events] == [("p:fast", "unverified")] * 2
+        RAN.clear()
+        assert torch.equal(gated_residual(x[0], u[0], g[0]), x[0] + u[0] * g[0]) and RAN == ["fast"]
+        assert [e.status for e in rt.events][-1] == "verified"

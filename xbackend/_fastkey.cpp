@@ -6,10 +6,11 @@
 //     (name, meta, a, tag(a), b, tag(b), ...)   for the arguments a, b, ... at non-tensor positions
 //
 // where `meta` is bytes holding, for each position whose bit is set in tensor_mask, in order:
-// None -> one byte 0; a tensor -> a header (tag 1, dtype, device type, device index, ndim) then
-// ndim sizes and ndim strides as int64. That is exactly what the Python keys (xbackend/ops/*.py
-// `key`) read of a tensor: shape, stride(), dtype, device; the encoding is self-delimiting, so it is
-// injective. tag(a) is type(a), or for an exact tuple the tuple of its elements' types: values compare
+// None -> one byte 0; a tensor -> a header (tag 1, dtype, device type, device index, log2 of the
+// alignment class, ndim) then ndim sizes and ndim strides as int64. That is exactly what the Python
+// keys (xbackend/_opspec.py `make_key`) read of a tensor: shape, stride(), dtype, device and the
+// alignment class of data_ptr() (the largest power of two dividing it, at most kAlign; a null pointer
+// is kAlign); the encoding is self-delimiting, so it is injective. tag(a) is type(a), or for an exact tuple the tuple of its elements' types: values compare
 // with ==, and 1.0 == True, (1, 0) == (True, False), (3, 3) == (3.0, 3.0), while an op's check()
 // accepts only one of each pair. The Python keys carry the same value and tag per non-tensor argument,
 // so two calls get equal keys iff their Python keys are equal, and a cached key implies that check()
@@ -19,7 +20,8 @@
 // key) with the same arguments: a tensor subclass or a non-tensor at a tensor position (Python
 // attribute access may run __torch_function__ or an override), an active torch function mode (it
 // intercepts Python attribute access of plain tensors too), symbolic sizes, tensors without strides
-// (sparse, nested), keyword arguments, too many dims. Those calls get Python-form keys, which never
+// (sparse, nested), keyword arguments, too many dims, and a tensor the guard cannot copy (a vmap
+// BatchedTensor, a functorch wrapper: their Python key holds None for the alignment class). Those calls get Python-form keys, which never
 // equal a C++-form key (their second item is never bytes).
 //
 // Includes are kept to two headers: no torch/extension.h, no pybind11 module, so it builds fast.
@@ -34,7 +36,11 @@ namespace {
 
 constexpr Py_ssize_t kMaxArgs = 64;  // positions a mask can name
 constexpr size_t kBufBytes = 4096;   // larger metadata goes to the fallback
-constexpr size_t kHeaderBytes = 8;   // tag, dtype, device type, device index (1 byte each), ndim (4)
+constexpr size_t kHeaderBytes = 9;   // tag, dtype, device type, device index, alignment (1 byte each), ndim (4)
+constexpr uint64_t kAlign = 512;     // xbackend/_guard.py ALIGN
+// The tensors xbackend/_guard.py `uncopyable` names (its _UNCOPYABLE): the Python key says so.
+constexpr c10::DispatchKeySet kUncopyable({c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+                                           c10::DispatchKey::Functionalize, c10::DispatchKey::Python});
 
 struct KeyFn {
   PyObject_HEAD
@@ -62,16 +68,24 @@ bool encode(const at::Tensor& t, char* buf, size_t* pos) {
     const int device_type = static_cast<int>(device.type());
     const int device_index = static_cast<int>(device.index());
     if (dtype < 0 || dtype > 255 || device_type < 0 || device_type > 255 || device_index < -128 ||
-        device_index > 127) {
+        device_index > 127 || t.key_set().has_any(kUncopyable)) {
       return false;
+    }
+    // data_ptr(), as Python's Tensor.data_ptr() reads it (it throws for a tensor without storage);
+    // with kAlign's bit set, its lowest set bit is the class, found within log2(kAlign) steps.
+    const uint64_t address = reinterpret_cast<uintptr_t>(t.data_ptr()) | kAlign;
+    uint8_t align_log2 = 0;
+    while (((address >> align_log2) & 1) == 0) {
+      ++align_log2;
     }
     char* out = buf + *pos;
     out[0] = 1;
     out[1] = static_cast<char>(static_cast<uint8_t>(dtype));
     out[2] = static_cast<char>(static_cast<uint8_t>(device_type));
     out[3] = static_cast<char>(static_cast<int8_t>(device_index));
+    out[4] = static_cast<char>(align_log2);
     const uint32_t n32 = static_cast<uint32_t>(ndim);
-    std::memcpy(out + 4, &n32, 4);
+    std::memcpy(out + 5, &n32, 4);
     out += kHeaderBytes;
     for (size_t i = 0; i < ndim; ++i) {
       if (sizes[i].is_heap_allocated() || strides[i].is_heap_allocated()) {
@@ -229,7 +243,7 @@ PyMODINIT_FUNC XB_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   if (m == nullptr) {
     return nullptr;
   }
-  if (PyModule_AddIntConstant(m, "FORMAT", 2) < 0) {
+  if (PyModule_AddIntConstant(m, "FORMAT", 3) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

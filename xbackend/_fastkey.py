@@ -1,19 +1,21 @@
 """The runtime key of an op call, built in C++ (``_fastkey.cpp``) where that extension is available.
 
 Every eager call builds a key of its inputs and looks it up in the dispatch cache (``xbackend bench
-dispatch``, the whole ``get_op(...)(...)`` call over calling the impl directly: 0.82 µs with the C++ key,
-1.98 µs with the Python key, ``XBACKEND_FAST_KEY=0``; 2-core CPU, torch 2.13.0 CPU, 2026-12-05). The
-Python keys (``key`` in ``xbackend/ops/*.py``) read shape, stride(), dtype and device of every tensor,
-47-95 ns per attribute on a CPU tensor (``timeit`` of ``t.shape``, ``t.stride()``, ``t.dtype``,
-``t.device``; same machine, version and date); the C++ key reads the same four
-things of each tensor in one call and returns ``(op name, bytes, arg, tag(arg), ...)`` for the
-non-tensor args. Both forms hold each non-tensor arg with its type tag (its type; for a tuple, its
-elements' types): values compare with ``==``, and ``1.0 == True`` or ``(3, 3) == (3.0, 3.0)`` while
-``check()`` accepts only one of each. Two calls get equal C++ keys iff their Python keys are equal,
+dispatch``, the whole ``get_op(...)(...)`` call over calling the impl directly, best of four runs: 0.65 µs
+with the C++ key, 2.05 µs with the Python key, ``XBACKEND_FAST_KEY=0``; without the alignment classes
+0.64 and 1.72 µs; 2-core CPU, torch 2.13.0 CPU, 2026-12-06). The Python keys (``make_key``) read shape,
+stride(), dtype and device of every tensor, 47-95 ns per attribute on a CPU tensor (``timeit`` of
+``t.shape``, ``t.stride()``, ``t.dtype``, ``t.device``; 2026-12-05), and the alignment class of its
+data pointer (``_guard.alignment``; 80 ns inline, 2026-12-06); the C++ key reads the same five things
+of each tensor in one call and returns ``(op name, bytes, arg, tag(arg), ...)`` for the non-tensor args.
+Both forms hold each non-tensor arg with its type tag (its type; for a tuple, its elements' types):
+values compare with ``==``, and ``1.0 == True`` or ``(3, 3) == (3.0, 3.0)`` while ``check()`` accepts
+only one of each. Two calls get equal C++ keys iff their Python keys are equal,
 so a cached key still implies that the op's ``check()`` passed for arguments of these very types
 (tests/test_fastkey.py holds the two forms to that). Inputs the C++ code cannot read exactly as
 Python would (tensor subclasses, an active torch function mode, symbolic sizes, sparse/nested
-tensors) get the Python key, per call; such keys never equal a C++ one.
+tensors, a tensor the guard cannot copy such as a vmap BatchedTensor) get the Python key, per call;
+such keys never equal a C++ one.
 
 Loading policy. The key form is decided once per process, at the first dispatch (before any cache
 entry exists, so a cache never mixes the two forms for the same inputs); ``import xbackend`` never

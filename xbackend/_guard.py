@@ -12,6 +12,12 @@ the op's precision contract.
 
 Copies cost one extra read and write of every input, on verification calls only (the first call per
 runtime key in the default mode; see ``VerifyMode``).
+
+Every runtime key holds each tensor's alignment class (``alignment``), so a call whose data starts at
+another class than the verified one's is verified again. A tensor whose bytes are not its values
+(``uncopyable``: a vmap BatchedTensor, a functorch wrapper, a ``__torch_dispatch__`` subclass such as
+FakeTensor) cannot be copied: such a call gets the reference's answer and an "unverified" event, and
+no impl is blamed; its key (alignment class None) is never a plain tensor's.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ import torch
 
 from ._precision import Output
 
-__all__ = ["ALWAYS", "FIRST", "GUARD_SIGNALS", "FallbackWarning", "ImplUnusableError", "ReferenceFailed", "VerifyMode",
-           "cannot_verify_now", "env_verify_mode", "isolated_call", "parse_verify_mode"]
+__all__ = ["ALIGN", "ALWAYS", "FIRST", "GUARD_SIGNALS", "FallbackWarning", "ImplUnusableError", "ReferenceFailed",
+           "VerifyMode", "alignment", "cannot_verify_now", "env_verify_mode", "isolated_call", "parse_verify_mode",
+           "uncopyable"]
 
 # CUDA's caching allocator hands out blocks aligned to 512 bytes; keeping the copy's offset modulo 512
-# keeps every alignment a kernel can test for (16-byte vector loads, 128-byte lines).
-_ALIGN = 512
+# keeps every alignment a kernel can test for (16-byte vector loads and TMA, 128-byte lines).
+ALIGN = 512
 ENV = "XBACKEND_VERIFY"
 
 
@@ -53,11 +60,62 @@ class ReferenceFailed(Exception):
     it: the caller's error, which the runtime raises instead of blaming the impl."""
 
 
+# Tensors whose bytes are not the values the caller sees, so a copy of them is not the caller's input:
+# vmap's BatchedTensor and torch.func's grad wrapper (no storage of their own), functionalize's wrapper
+# (its storage is a record of pending writes), and every __torch_dispatch__ subclass (FakeTensor, a
+# quantized or sharded wrapper: what an op computes on it is what its dispatch says).
+_UNCOPYABLE = (
+    (torch._C.DispatchKey.FuncTorchBatched, "a torch.vmap BatchedTensor"),
+    (torch._C.DispatchKey.FuncTorchGradWrapper, "a torch.func grad-tracking wrapper"),
+    (torch._C.DispatchKey.Functionalize, "a functionalized tensor"),
+    (torch._C.DispatchKey.Python, "a __torch_dispatch__ subclass"),
+)
+
+
+def uncopyable(t: torch.Tensor) -> str | None:
+    """What ``t`` is when the guard cannot copy it (see ``_UNCOPYABLE``), or None."""
+    keys = torch._C._dispatch_keys(t)
+    for key, what in _UNCOPYABLE:
+        if keys.has(key):
+            return what if key is not torch._C.DispatchKey.Python else f"{what} ({type(t).__name__})"
+    return None
+
+
+def alignment(t: torch.Tensor) -> int | None:
+    """The alignment class of ``t``'s data pointer, part of every runtime key: the largest power of two
+    dividing its address, at most ``ALIGN`` (a null pointer, of an empty or meta tensor, is ``ALIGN``).
+    None for a tensor the guard cannot copy (``uncopyable``), which no verified impl may then run on.
+    Raises as ``data_ptr()`` does for a tensor without one (sparse, MKL-DNN): the op's check refuses it.
+
+    A kernel may take another path for another class (vector loads, TMA and Triton's pointer
+    specialisation test 16 bytes); the guard's copies keep the caller's address modulo ``ALIGN``, so a
+    verification call takes the caller's path, and the key keeps one class from running on another's
+    verification."""
+    if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter and uncopyable(t) is not None:
+        return None
+    try:
+        address = t.data_ptr()
+    except RuntimeError:
+        if uncopyable(t) is not None:  # a BatchedTensor or grad wrapper has no storage to point into
+            return None
+        raise
+    if not address and uncopyable(t) is not None:  # functionalize's wrapper answers 0
+        return None
+    address |= ALIGN
+    return address & -address
+
+
 def cannot_verify_now(args: tuple[Any, ...], spec: Any) -> str | None:
     """Why no comparison can run on this call, or None: a compile trace or a CUDA graph capture (a
-    comparison would sync), or meta tensors (no values to compare)."""
+    comparison would sync), an input the guard cannot copy (``uncopyable``), or meta tensors (no
+    values to compare)."""
     if torch.compiler.is_compiling():
         return "first use during a compile trace"
+    for i in spec.tensor_args:
+        t = args[i]
+        what = uncopyable(t) if isinstance(t, torch.Tensor) else None
+        if what is not None:
+            return f"the guard cannot copy argument {spec.arg_names[i]!r} ({what})"
     device = spec.device_of(args)
     if device.type == "meta":
         return "meta tensors carry no values to compare"
@@ -151,9 +209,9 @@ def isolated_inputs(args: tuple[Any, ...], tensor_args: tuple[int, ...],
     copies: dict[int, _Copy] = {}
     for ptr, (storage, device, lo, hi, arg_names) in spans.items():
         original = _storage_bytes(storage, device)[lo:hi]
-        buf = torch.empty(_ALIGN + hi - lo, dtype=torch.uint8, device=device)
-        # Start the copy at the original's address modulo _ALIGN (allocators align less on the CPU).
-        base = (ptr + lo - buf.data_ptr()) % _ALIGN
+        buf = torch.empty(ALIGN + hi - lo, dtype=torch.uint8, device=device)
+        # Start the copy at the original's address modulo ALIGN (allocators align less on the CPU).
+        base = (ptr + lo - buf.data_ptr()) % ALIGN
         data = buf[base : base + hi - lo]
         data.copy_(original)
         copies[ptr] = _Copy(original, data, base - lo, arg_names)

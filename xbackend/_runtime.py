@@ -1,10 +1,10 @@
 """The runtime: registry, per-key dispatch cache, the guard's bookkeeping, and reports (plugin loading
 is ``_plugins``; the guard's isolated call, ``_guard``).
 
-Hot path (``dispatch``): build the runtime key from shapes/strides/dtypes/devices (in C++ where
-``_fastkey`` decided so), one dict lookup, call the verified impl. Everything else (checks, probing,
-resolution, verification) happens once per key, under a per-key lock, so eight threads hitting the
-same first use see one verification. An impl that raises after verification is disabled for its key
+Hot path (``dispatch``): build the runtime key from shapes/strides/dtypes/devices and data-pointer
+alignment classes (in C++ where ``_fastkey`` decided so), one dict lookup, call the verified impl.
+Everything else (checks, probing, resolution, verification) happens once per key, under a per-key
+lock, so eight threads hitting the same first use see one verification. An impl that raises after verification is disabled for its key
 and every caller that saw it raise takes the next candidate; the reference's own errors reach the caller.
 """
 
