@@ -4,8 +4,9 @@ is ``_plugins``; the guard's isolated call, ``_guard``).
 Hot path (``dispatch``): build the runtime key from shapes/strides/dtypes/devices and data-pointer
 alignment classes (in C++ where ``_fastkey`` decided so), one dict lookup, call the verified impl.
 Everything else (checks, probing, resolution, verification) happens once per key, under a per-key
-lock, so eight threads hitting the same first use see one verification. An impl that raises after verification is disabled for its key
-and every caller that saw it raise takes the next candidate; the reference's own errors reach the caller.
+lock, so eight threads hitting the same first use see one verification. An impl that raises after
+verification is disabled for its key and every caller that saw it raise takes the next candidate; the
+reference's own errors reach the caller.
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ class Runtime:
         self._available: dict[Impl, str | None] = {}
         self.events: collections.deque[Event] = collections.deque(maxlen=_MAX_EVENTS)
         self.events_total = 0  # events ever recorded; the deque keeps the latest _MAX_EVENTS
+        # Kernel launch-path switches as this runtime first read them (``_switches.switch``): fixed for
+        # its life, so a verified key keeps the path its verification ran.
+        self.switches: dict[str, bool] = {}
 
     # -- devices ---------------------------------------------------------------------------------
     def device(self, where: torch.device | str | Device) -> Device:

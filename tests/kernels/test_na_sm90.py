@@ -17,6 +17,7 @@ from test_na_kernels import make_qkv, reference, rel_err
 
 from xbackend import _cache
 from xbackend.kernels import na_sm90
+from xbackend.testing import fresh_runtime
 
 SRC = Path(na_sm90.__file__).with_name("na_sm90.cu")
 OK = ((11, 11, 11), (1, 1, 1), (False, False, False), (1, 1, 1), 0.125, (4, 4, 4))
@@ -68,7 +69,7 @@ def test_switched_on_unless_turned_off(value: str | None, enabled: bool, monkeyp
     monkeypatch.delenv(na_sm90.SWITCH, raising=False)
     if value is not None:
         monkeypatch.setenv(na_sm90.SWITCH, value)
-    with caplog.at_level(logging.WARNING, "xbackend"):
+    with caplog.at_level(logging.WARNING, "xbackend"), fresh_runtime():  # a Runtime reads the switch once
         assert na_sm90.switched_on() is enabled
     assert not caplog.records
 
@@ -76,7 +77,7 @@ def test_switched_on_unless_turned_off(value: str | None, enabled: bool, monkeyp
 def test_a_switch_value_that_is_not_a_boolean_warns_once_and_leaves_it_on(monkeypatch, caplog):
     monkeypatch.setattr(_cache, "_warned", set())
     monkeypatch.setenv(na_sm90.SWITCH, "disabled-please")
-    with caplog.at_level(logging.WARNING, "xbackend"):
+    with caplog.at_level(logging.WARNING, "xbackend"), fresh_runtime():
         assert na_sm90.switched_on() and na_sm90.switched_on()
     assert [r.getMessage() for r in caplog.records] == [
         "xbackend: XBACKEND_NA_SM90='disabled-please' is not a boolean (1/true/yes/on or 0/false/no/off); taken as true"]
@@ -192,7 +193,8 @@ def _call(q, k, v, kernel, monkeypatch, switch="1"):
     launch = na_sm90.shift_launch
     monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
     monkeypatch.setattr(na_sm90, "pays", lambda *a: None)  # correctness at every window, paying or not
-    return na_triton.neighborhood_attention(q, k, v, kernel, *PLAIN, None, config=config), flags
+    with fresh_runtime():  # the switch is read once per Runtime: a new one reads this value
+        return na_triton.neighborhood_attention(q, k, v, kernel, *PLAIN, None, config=config), flags
 
 
 @pytest.mark.gpu

@@ -29,15 +29,16 @@ import math
 
 import torch
 
-from xbackend._plugins import env_flag
+from xbackend._switches import switch
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
 from xbackend.kernels.na_triton_config import NAConfig, visited_pairs
 
 __all__ = ["EXTENSION", "KV_TILE", "MAX_WINDOW", "Q_TILE", "SWITCH", "CudaKernelUnavailable", "available", "build_log",
            "layout_reason", "pays", "shift_launch", "supports", "switched_on", "takes"]
 
-# On unless XBACKEND_NA_SM90=0 (or false/no/off): the way back to na_triton's own shift launch. Read at
-# each call, so a test, or the fleet's capture of a deployment's environment, can set it without reimporting.
+# On unless XBACKEND_NA_SM90=0 (or false/no/off): the way back to na_triton's own shift launch. Read once
+# per Runtime (xbackend/_switches.py), so a key verified on one shift launch never runs the other; a
+# kernel called outside any runtime (the fleet's capture workers) reads the environment at each call.
 SWITCH = "XBACKEND_NA_SM90"
 
 EXTENSION = JitExtension("xbackend_na_sm90", ("na_sm90_binding.cpp", "na_sm90.cu"), "cuda na_sm90",
@@ -49,9 +50,10 @@ KV_TILE = (2, 2, 14)  # the key blocks of q.k (p.v pads each to 64 keys)
 
 
 def switched_on() -> bool:
-    """Whether the environment leaves the kernel on: unset, or a true value; ``XBACKEND_NA_SM90=0``
-    (or false/no/off) turns it off. A value that is not a boolean warns once and leaves it on."""
-    return env_flag(SWITCH, default=True)
+    """Whether the environment leaves the kernel on, as the process runtime first read it: unset, or a
+    true value; ``XBACKEND_NA_SM90=0`` (or false/no/off) turns it off. A value that is not a boolean
+    warns once and leaves it on. A change takes effect in a new Runtime."""
+    return switch(SWITCH, default=True)
 
 
 def build_log() -> str | None:
