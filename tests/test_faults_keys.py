@@ -188,3 +188,24 @@ def test_an_impl_verified_on_aligned_inputs_is_verified_again_on_a_misaligned_vi
         # The aligned key keeps its verified impl.
         assert torch.equal(gated_residual(aligned, u, g), aligned + u * g) and len(rt.events) == 3
     assert gated_residual._key(aligned, u, g) != gated_residual._key(shifted, u, g)
+
+
+@pytest.mark.gpu
+def test_cuda_views_key_and_copy_by_their_alignment_class(key_form: str) -> None:
+    """On the GPU, where the caching allocator aligns blocks to 512 bytes: views at every offset key by
+    their class in both key forms, and the guard's copy of each starts at the same class."""
+    from xbackend._guard import ALIGN, alignment, isolated_inputs
+
+    op, spec = xbackend.get_op("gated_residual"), OPS["gated_residual"]
+    buf = torch.randn(2048 + 256, device="cuda")
+    assert buf.data_ptr() % ALIGN == 0
+    views = [buf[off:off + 2048].view(8, 256) for off in (0, 1, 2, 3, 4, 8, 16, 32, 64, 128, 256)]
+    classes = [alignment(v) for v in views]
+    assert classes == [512, 4, 8, 4, 16, 32, 64, 128, 256, 512, 512]
+    keys = [op._key(v, v, v[:, :1]) for v in views]
+    python = [spec.key(v, v, v[:, :1]) for v in views]
+    for i in range(len(views)):
+        for j in range(len(views)):
+            assert (keys[i] == keys[j]) == (python[i] == python[j]) == (classes[i] == classes[j])
+        copied, _ = isolated_inputs((views[i], views[i], views[i][:, :1]), spec.tensor_args, spec.arg_names)
+        assert [alignment(t) for t in copied] == [classes[i]] * 3
