@@ -11,6 +11,7 @@ from typing import Any
 
 from xbackend._device import Device
 
+from ._pool import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 from .compile import compile_target
 
 
@@ -37,7 +38,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _plans(target: str, dtypes: Sequence[str], qualities: Sequence[str]) -> tuple[Device, list[dict[str, Any]]]:
+def _plans(target: str, dtypes: Sequence[str], qualities: Sequence[str],
+           ops: Sequence[str] | None = None) -> tuple[Device, list[dict[str, Any]]]:
     import torch
 
     import xbackend
@@ -47,7 +49,7 @@ def _plans(target: str, dtypes: Sequence[str], qualities: Sequence[str]) -> tupl
     plans = []
     for dtype in dtypes:
         for quality in qualities:
-            for op in kernel_ops():
+            for op in ops or kernel_ops():
                 row = xbackend.plan(
                     op, device=device, dtype=getattr(torch, dtype), quality=quality, assume_available=True
                 ).chosen
@@ -60,14 +62,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--targets", default="mi355x,b200", help="comma-separated planning targets")
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--qualities", default="lossless,high")
+    ap.add_argument("--ops", help="comma-separated ops (default: every kernel op)")
+    ap.add_argument("--timeout", type=float, metavar="SECONDS",
+                    help=f"the bound on each compile (default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g})")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        ap.error(f"--timeout expected a finite number of seconds > 0, got {args.timeout:g}")
+    ops = args.ops.split(",") if args.ops else None
     all_rows: list[dict[str, Any]] = []
     start = time.perf_counter()
     for target in args.targets.split(","):
         t0 = time.perf_counter()
-        device, plans = _plans(target, args.dtypes.split(","), args.qualities.split(","))
-        rows = compile_target(target, device, plans)
+        device, plans = _plans(target, args.dtypes.split(","), args.qualities.split(","), ops)
+        rows = compile_target(target, device, plans, timeout=args.timeout)
         all_rows += rows
         print(format_rows(rows))
         print(

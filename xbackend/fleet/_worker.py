@@ -1,6 +1,6 @@
-"""What the compile pool's worker processes run. Each worker starts without ``TRITON_INTERPRET`` (set
-by the initializer before any kernel module is imported), so ``@triton.jit`` gives compilable kernels
-whatever the parent process runs under; every task returns plain picklable data."""
+"""What the compile pool's worker processes (``_pool``) run. Each worker starts without
+``TRITON_INTERPRET``, so ``@triton.jit`` gives compilable kernels whatever the parent process runs
+under; every task returns plain picklable data, and runs under the pool's time bound."""
 
 from __future__ import annotations
 
@@ -15,12 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CaptureResult", "CompileResult", "capture_shapes", "compile_native", "compile_triton", "init", "ping"]
-
-
-def init() -> None:
-    """Pool initializer: kernels must be decorated as compiled JIT functions, not interpreted ones."""
-    os.environ.pop("TRITON_INTERPRET", None)
+__all__ = ["CaptureResult", "CompileResult", "capture_shapes", "compile_native", "compile_triton", "ping"]
 
 
 @dataclass(frozen=True)
@@ -175,8 +170,10 @@ def _compile_triton(spec: Any, arch: str, stages: tuple[str, ...], start: float)
 
 def compile_native(source: str, include_dir: str, arch: str, flags: tuple[str, ...]) -> list[CompileResult]:
     """Compile a CUDA C++ file's kernels to a cubin for ``arch`` with nvcc; one result per
-    ``__global__`` instantiation, from ptxas's resource report. No nvcc: one ``skipped`` result."""
+    ``__global__`` instantiation, from ptxas's resource report. No nvcc: one ``skipped`` result. nvcc
+    runs through ``_pool.run_compiler``: the task's time bound ends it, with the cicc and ptxas it runs."""
     from xbackend.fleet import _resources
+    from xbackend.fleet._pool import run_compiler
 
     nvcc = shutil.which("nvcc")
     name = os.path.basename(source)
@@ -196,7 +193,7 @@ def compile_native(source: str, include_dir: str, arch: str, flags: tuple[str, .
             "-o",
             os.path.join(tmp, "k.cubin"),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = run_compiler(cmd)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         return [CompileResult(name, error=first_line(RuntimeError(proc.stderr or proc.stdout)), seconds=seconds)]

@@ -9,12 +9,16 @@ specialisation it would launch is compiled for the target (cubin for ``sm*``, hs
 CUDA C++ impls (``native.NATIVE``) and the CUDA C++ kernels a Triton impl's launch path launches
 (``native.NATIVE_LAUNCHES``) are compiled with nvcc when it is on PATH. One row per plan x input x
 kernel: registers, spills, shared memory / LDS, an occupancy estimate (``_resources.ARCH_LIMITS``), a
-status ("ok", "failed: <first error line>", "skipped: <why>") and a ``problem`` that is non-empty when
-the kernel failed to compile or spills without a waiver (``WAIVERS``).
+status ("ok", "failed: <first error line>", "timeout: <what ran too long>", "skipped: <why>") and a
+``problem`` that is non-empty when the kernel failed to compile, timed out, or spills without a waiver
+(``WAIVERS``).
 
-Compiles run in worker processes started without ``TRITON_INTERPRET`` (the interpreter replaces
-``@triton.jit`` kernels with Python ones at import), and their results are cached per (kernel,
+Compiles run in worker processes (``_pool``) started without ``TRITON_INTERPRET`` (the interpreter
+replaces ``@triton.jit`` kernels with Python ones at import), and their results are cached per (kernel,
 specialisation, arch) in this process: lossless and high plans that choose one impl compile it once.
+Every task in a worker is bounded (``timeout``, default ``$XBACKEND_COMPILE_TIMEOUT`` seconds, 300):
+one that runs longer is a row with status "timeout: ..." and a problem, and is not cached. The workers
+exit when this process dies.
 
 ``python -m xbackend.fleet.compile --targets mi355x,b200`` plans every op for those targets and prints
 the table.
@@ -24,19 +28,18 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
-import contextlib
 import dataclasses
 import fnmatch
-import multiprocessing
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from xbackend._device import Device
 from xbackend.fleet import _resources, _worker
+from xbackend.fleet._pool import TIMEOUT_ENV, TaskTimeout, WorkerDied, WorkerPool, compile_timeout
 from xbackend.fleet._worker import CaptureResult, CompileResult
 from xbackend.fleet.native import NATIVE, NativeLaunch, NativeSource, native_key
 
@@ -105,9 +108,9 @@ class KernelRow:
     chosen: str
     kernel: str
     shape: str
-    status: str  # "ok", "failed: <first error line>", "skipped: <why>"
+    status: str  # "ok", "failed: <first error line>", "timeout: <what ran too long>", "skipped: <why>"
     specialisation: str = ""  # Triton: first pointer type, constexprs, warps
-    problem: str = ""  # non-empty: the kernel failed, or spills without a waiver
+    problem: str = ""  # non-empty: the kernel failed, timed out, or spills without a waiver
     grid: tuple[int, ...] = ()
     num_warps: int = 0
     num_stages: int = 0
@@ -150,6 +153,8 @@ def judge(
     if result.error is not None:
         if result.error.startswith("skipped:"):
             return result.error, "", ""
+        if result.error.startswith("timeout:"):
+            return result.error, result.error, ""
         return f"failed: {result.error}", f"does not compile: {result.error}", ""
     if result.spill_bytes > 0 or result.spill_stores > 0:
         why = waiver_for(kernel, arch, waivers, specialisation)
@@ -165,56 +170,55 @@ def judge(
 
 
 # -- the worker pool ---------------------------------------------------------------------------------
-_POOL: cf.ProcessPoolExecutor | None = None
-_POOL_SIZE = 0
+_POOL: WorkerPool | None = None
 
 
-@contextlib.contextmanager
-def _without(name: str) -> Iterator[None]:
-    saved = os.environ.pop(name, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[name] = saved
-
-
-def _pool(workers: int | None) -> cf.ProcessPoolExecutor:
-    global _POOL, _POOL_SIZE
+def _pool(workers: int | None) -> WorkerPool:
+    global _POOL
     n = workers or max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2, 8))
-    if _POOL is not None and _POOL_SIZE == n:
+    if _POOL is not None and _POOL.size == n:
         return _POOL
     shutdown()
-    # Spawned workers copy this environment when they start: start them all now, without the
-    # interpreter switch (the initializer unsets it too, for any worker started later).
-    with _without("TRITON_INTERPRET"):
-        pool = cf.ProcessPoolExecutor(
-            max_workers=n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker.init
-        )
-        list(pool.map(_worker.ping, range(n)))
-    _POOL, _POOL_SIZE = pool, n
-    return pool
+    _POOL = WorkerPool(n)
+    return _POOL
 
 
 def shutdown() -> None:
-    """Stop the worker processes (a later compile starts new ones)."""
+    """Stop the worker processes (a later compile starts new ones, with the environment as it is then)."""
     global _POOL
     if _POOL is not None:
-        _POOL.shutdown(wait=True, cancel_futures=True)
-        _POOL = None
+        pool, _POOL = _POOL, None
+        pool.shutdown()
 
 
 atexit.register(shutdown)
 
 
-def _result(future: cf.Future, kernel: str) -> Any:
+def _bound(timeout: float | None) -> float:
+    if timeout is None:
+        return compile_timeout()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ValueError(f"compile_target: timeout expected a finite number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+def _result(future: cf.Future, kernel: str, what: str) -> Any:
+    """A task's result; a timeout or a dead worker as the CompileResult of ``kernel`` (``what`` ran)."""
     try:
         return future.result()
-    except cf.process.BrokenProcessPool as exc:  # a compiler crash took its worker down
-        shutdown()
+    except TaskTimeout as exc:
+        killed = "; its worker was killed" if exc.killed else ""
+        return CompileResult(kernel, error=f"timeout: {what} took longer than {exc.seconds:g} s{killed} "
+                                           f"({TIMEOUT_ENV} sets the bound)")
+    except WorkerDied as exc:  # a compiler crash took its worker down
         return CompileResult(kernel, error=f"worker process died: {exc}")
     except Exception as exc:  # the task itself raised (its own errors are results): report, don't abort
         return CompileResult(kernel, error=f"{type(exc).__name__}: {_worker.first_line(exc)}")
+
+
+def _transient(error: str | None) -> bool:
+    """An outcome of this run, not of the kernel: not cached, so a later compile runs it again."""
+    return error is not None and error.startswith(("timeout:", "worker process died"))
 
 
 # -- caches (per process) ------------------------------------------------------------------------------
@@ -223,18 +227,24 @@ _CAPTURED: dict[tuple[Any, ...], list[CaptureResult]] = {}  # (arch, op, impl, d
 _NATIVE_RESULTS: dict[tuple[str, str, tuple[str, ...], str], list[CompileResult]] = {}  # (path, arch, flags, sha)
 
 
-def run_in_worker(fn: Any, *args: Any, workers: int | None = None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a compile worker (a module-level function of ``_worker``: the worker
-    runs without ``TRITON_INTERPRET``, so Triton kernels there are compilable)."""
-    return _pool(workers).submit(fn, *args, **kwargs).result()
+def run_in_worker(fn: Any, *args: Any, workers: int | None = None, task_timeout: float | None = None,
+                  **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a compile worker (a module-level function: the worker runs without
+    ``TRITON_INTERPRET``, so Triton kernels there are compilable). Raises ``_pool.TaskTimeout`` after
+    ``task_timeout`` seconds (default ``$XBACKEND_COMPILE_TIMEOUT``)."""
+    return _pool(workers).submit(fn, args, kwargs, timeout=_bound(task_timeout)).result()
 
 
-def compile_spec(spec: Any, arch: str, workers: int | None = None) -> CompileResult:
+def compile_spec(spec: Any, arch: str, workers: int | None = None, timeout: float | None = None) -> CompileResult:
     """One captured specialisation compiled for ``arch`` (cached per process like ``compile_target``'s)."""
     key = (spec.key(), arch)
-    if key not in _COMPILED:
-        _COMPILED[key] = _result(_pool(workers).submit(_worker.compile_triton, spec, arch), spec.name)
-    return _COMPILED[key]
+    if key in _COMPILED:
+        return _COMPILED[key]
+    future = _pool(workers).submit(_worker.compile_triton, (spec, arch), timeout=_bound(timeout))
+    res = _result(future, spec.name, f"Triton compile of {spec.name} for {arch}")
+    if not _transient(res.error):
+        _COMPILED[key] = res
+    return res
 
 
 # -- the plans -------------------------------------------------------------------------------------------
@@ -287,19 +297,22 @@ def compile_target(
     shapes: int | Sequence[int] | None = None,
     workers: int | None = None,
     env: dict[str, str] | None = None,
+    timeout: float | None = None,
 ) -> list[dict[str, Any]]:
     """Compile every kernel ``plans`` would launch on ``device`` (``target`` labels the rows: "b200").
 
     ``shapes``: only the first N catalogue inputs of each op (or these indices); ``workers``: compile
     processes (default: this host's cores, at most 8); ``env``: variables set in the workers while the
     launch paths run (a deployment's switches, e.g. ``XBACKEND_NA_SM90=0``; the workers otherwise see
-    this process's environment as it was when they started). Returns one ``KernelRow.to_dict()`` per
-    plan x input x kernel, in plan order.
+    this process's environment as it was when they started); ``timeout``: seconds each compile (and
+    each launch-path run) may take, default ``$XBACKEND_COMPILE_TIMEOUT`` or 300. Returns one
+    ``KernelRow.to_dict()`` per plan x input x kernel, in plan order.
     """
     import xbackend
 
     rt = xbackend.runtime()
     arch, vendor = device.arch, device.vendor
+    bound = _bound(timeout)
     classified = [_classify(p, device, rt) for p in plans]
     needs_pool = any(p.kind in ("triton", "native") for p in classified)
     pool = _pool(workers) if needs_pool else None
@@ -311,7 +324,7 @@ def compile_target(
         key = native_key(src, arch)
         if key not in natives:
             natives[key] = _NATIVE_RESULTS.get(key) or pool.submit(
-                _worker.compile_native, key[0], str(Path(key[0]).parent), key[1], src.flags
+                _worker.compile_native, (key[0], str(Path(key[0]).parent), key[1], src.flags), timeout=bound
             )
         return key
 
@@ -322,18 +335,22 @@ def compile_target(
             key = (arch, p.op, p.chosen, p.dtype, _shape_indices(shapes), env_key)
             if key not in captures:
                 captures[key] = _CAPTURED.get(key) or pool.submit(
-                    _worker.capture_shapes, arch, vendor, p.impl.fn, p.impl.supports, p.op, p.dtype, key[4], env
+                    _worker.capture_shapes,
+                    (arch, vendor, p.impl.fn, p.impl.supports, p.op, p.dtype, key[4], env),
+                    timeout=bound,
                 )
         elif p.kind == "native":
             native(NATIVE[p.chosen])
     for key, found in list(captures.items()):
         if isinstance(found, cf.Future):
-            got = _result(found, key[2])
-            captures[key] = _CAPTURED[key] = got if isinstance(got, list) else [CaptureResult("-", error=got.error)]
+            got = _result(found, "-", f"the launch path of {key[2]} ({key[3]}) over its inputs")
+            captures[key] = got if isinstance(got, list) else [CaptureResult("-", error=got.error)]
+            if isinstance(got, list):
+                _CAPTURED[key] = got
 
     # 2. Compile each distinct specialisation (and CUDA C++ source) not compiled before in this process.
     fresh: set[tuple[str, ...]] = set()
-    compiles: dict[tuple[str, str], cf.Future] = {}
+    compiles: dict[tuple[str, str], tuple[str, cf.Future]] = {}
     for found in captures.values():
         for shape in found:
             for launch in shape.launches:
@@ -342,14 +359,20 @@ def compile_target(
                     continue
                 key = (launch.spec.key(), arch)
                 if key not in _COMPILED and key not in compiles:
-                    compiles[key] = pool.submit(_worker.compile_triton, launch.spec, arch)
-    for key, fut in compiles.items():
-        _COMPILED[key] = _result(fut, key[0])
+                    future = pool.submit(_worker.compile_triton, (launch.spec, arch), timeout=bound)
+                    compiles[key] = (launch.spec.name, future)
+    compiled: dict[tuple[str, str], CompileResult] = {}
+    for key, (name, fut) in compiles.items():
+        compiled[key] = _result(fut, name, f"Triton compile of {name} for {arch}")
+        if not _transient(compiled[key].error):
+            _COMPILED[key] = compiled[key]
         fresh.add(key)
     for key, found in list(natives.items()):
         if isinstance(found, cf.Future):
-            got = _result(found, key[0])
-            natives[key] = _NATIVE_RESULTS[key] = got if isinstance(got, list) else [got]
+            got = _result(found, Path(key[0]).name, f"nvcc of {Path(key[0]).name} for {key[1]}")
+            natives[key] = got if isinstance(got, list) else [got]
+            if not any(_transient(r.error) for r in natives[key]):
+                _NATIVE_RESULTS[key] = natives[key]
             fresh.add(("native",) + key[:2])
 
     # 3. Rows, in plan order; a compile counts its seconds on the first row that uses it.
@@ -376,7 +399,9 @@ def compile_target(
             native_rows(base, NATIVE[p.chosen], p.dtype, "all inputs (host code picks the instantiation)")
         else:
             for shape in captures[(arch, p.op, p.chosen, p.dtype, _shape_indices(shapes), env_key)]:
-                if shape.error is not None:
+                if shape.error is not None and shape.error.startswith("timeout:"):
+                    rows.append(KernelRow(**base, kernel="-", shape=shape.shape, status=shape.error, problem=shape.error))
+                elif shape.error is not None:
                     rows.append(
                         KernelRow(
                             **base,
@@ -402,7 +427,7 @@ def compile_target(
                         native_rows(base, launch.spec.source, p.dtype, shape.shape)
                         continue
                     key = (launch.spec.key(), arch)
-                    res = _COMPILED[key]
+                    res = compiled[key] if key in compiled else _COMPILED[key]
                     first = key in fresh and key not in reported
                     reported.add(key)
                     rows.append(

@@ -148,11 +148,13 @@ def compile_summary(r: TargetResult) -> list[str]:
         return _wrap(f"{head}: not run: {r.compile_error}", "", "  ")
     statuses = [str(k.get("status", "?")) for k in r.kernels]
     bad = compile_failures(r)
+    timed_out = sum(s.startswith("timeout") for s in statuses)
     lines = _wrap(f"{head}: {len(r.kernels)} rows: {statuses.count('ok')} ok, "
                   f"{sum(s.startswith('failed') for s in statuses)} failed, "
-                  f"{sum(s.startswith('skipped') for s in statuses)} skipped; {len(bad)} failing "
-                  f"(failed, or spills without a waiver), {sum(bool(k.get('waiver')) for k in r.kernels)} waived",
-                  "", "  ")
+                  + (f"{timed_out} timed out, " if timed_out else "")
+                  + f"{sum(s.startswith('skipped') for s in statuses)} skipped; {len(bad)} failing "
+                  f"(failed, timed out, or spills without a waiver), {sum(bool(k.get('waiver')) for k in r.kernels)} "
+                  f"waived", "", "  ")
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k in r.kernels:
         impl = str(k.get("impl") or k.get("chosen") or "?")
@@ -165,7 +167,7 @@ def compile_summary(r: TargetResult) -> list[str]:
                      f"{'spill':>5} {'smem':>7}")
     for (impl, kernel), rows in groups.items():
         ok = sum(str(k.get("status")) == "ok" for k in rows)
-        failed = sum(str(k.get("status", "")).startswith("failed") for k in rows)
+        failed = sum(str(k.get("status", "")).startswith(("failed", "timeout")) for k in rows)
         lines.append(f"  {_fit(impl, 24):<24} {_fit(kernel, 30):<30} {len(rows):>4} {ok:>4} {failed:>4} "
                      f"{_most(rows, 'registers'):>4} {_most(rows, 'spill_bytes', 'spills'):>5} "
                      f"{_most(rows, 'shared_bytes'):>7}")
