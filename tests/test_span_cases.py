@@ -1,10 +1,11 @@
 """The conformance cases whose views span past 2**31 elements (``_cases.span_past_2_31``), on the CPU.
 
 The GPU suite runs them only where the device has the memory (``conformance._big_ok``) and skips a
-case an impl's ``supports`` refuses, so here, on the CPU: each case holds few elements in a view whose
-last element sits 2**31 or more past its data pointer, the NVIDIA backend's Triton impls accept it,
-and each gives on it, under the interpreter, what it gives on contiguous copies of the same values.
-A CPU buffer is mapped lazily: the ~4 GiB bf16 buffers of these cases cost only the pages written.
+case an impl's ``supports`` refuses, so here, on the CPU too: each case holds few elements in a view
+whose last element sits 2**31 or more past its data pointer, the NVIDIA backend's Triton impls accept
+it, and each gives on it what it gives on contiguous copies of the same values (under the interpreter
+on the CPU, compiled on a GPU). A CPU buffer is mapped lazily: the ~4 GiB bf16 buffers of these cases
+cost only the pages written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import xbackend_cuda.impls as nvidia
 
 from xbackend.kernels.spans import INT32_LIMIT, span
 from xbackend.ops import OPS
+from xbackend.testing.conformance import _big_ok
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 SPAN_OPS = ["rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "silu_mul", "rotary_embedding",
             "qk_norm_rope", "qk_norm_rope_3d"]  # fmt: skip
@@ -32,8 +36,12 @@ def _same(got, want) -> bool:
 @pytest.mark.parametrize("op", SPAN_OPS)
 def test_span_cases_hold_few_elements_span_past_2_31_and_run_on_the_triton_impls(op: str) -> None:
     spec = OPS[op]
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+        if not _big_ok(DEVICE):
+            pytest.skip("the device lacks the memory for the big cases")
     try:
-        cases = [c for c in spec.cases(torch.bfloat16, torch.device("cpu"), True) if "span past 2**31" in c.name]
+        cases = [c for c in spec.cases(torch.bfloat16, DEVICE, True) if "span past 2**31" in c.name]
     except RuntimeError as e:  # a host that refuses to reserve the address space
         pytest.skip(f"cannot allocate the cases' buffers: {e}")
     assert cases, f"{op} has no 'span past 2**31' case"

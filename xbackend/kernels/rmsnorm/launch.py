@@ -285,8 +285,7 @@ def plan(
         sh_l = tuple(sh_l) if sh.data_ptr() == shift.data_ptr() else None
     # The interpreter cannot run inline PTX: a host fact, whatever the numerics' build calls.
     rsqrt = RSQRT_MATH if interpreting() else v.numerics.rsqrt
-    # Row indices are 64-bit in both kernels; scale and shift also form a 32-bit column x column stride.
-    wide_cols = wide(scale, shift)
+    wide_cols = wide(scale, shift)  # rows are 64-bit in both kernels; scale/shift also form column x stride
     align = check_x = check_w = 0
     pdl = False
     if v.exact:
