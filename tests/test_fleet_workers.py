@@ -164,6 +164,15 @@ def test_the_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, c
         assert f"{_pool.TIMEOUT_ENV}={bad!r}" in caplog.text
 
 
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), "5", True])
+def test_a_bad_timeout_argument_is_an_error_naming_it(bad) -> None:
+    from xbackend._device import simulated
+    from xbackend.fleet import compile as fc
+
+    with pytest.raises(ValueError, match=f"compile_target: timeout expected a finite number of seconds > 0, got {bad!r}"):
+        fc.compile_target("h100", simulated("h100"), [], timeout=bad)
+
+
 STALLING = """#!/bin/sh
 case "$*" in *--version*) exec "{real}" --version ;; esac
 echo $$ >> "{pids}"

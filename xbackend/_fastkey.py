@@ -31,11 +31,11 @@ unset / ``auto``       no GPU visible                      yes               no 
 =====================  ==================================  ================  ========================
 
 The extension is cached under ``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by the
-torch version, the Python ABI and a digest of the source and flags (``_cache.extension_dir``). Building took 13-14 s on a 2-core
-CPU (``xbackend build`` with an empty ``XBACKEND_CACHE_DIR``, twice, torch 2.13.0 CPU, 2026-12-05; one
-translation unit; ``python_variable.h`` is most of it). Any build or load failure is logged
-once as a warning and the process keeps the Python keys: the caller never sees it. ``xbackend info``
-shows the form in use and why; ``xbackend build`` builds it ahead of time.
+torch version, the Python ABI and a digest of the source and flags (``_cachekey.extension_dir``).
+Building took 13-14 s on a 2-core CPU (``xbackend build`` with an empty ``XBACKEND_CACHE_DIR``, twice,
+torch 2.13.0 CPU, 2026-12-05; one translation unit; ``python_variable.h`` is most of it). Any build or
+load failure is logged once as a warning and the process keeps the Python keys: the caller never sees
+it. ``xbackend info`` shows the form in use and why; ``xbackend build`` builds it ahead of time.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._cache import BuildLockTimeout, extension_dir, find_safe_dir, load_extension, safe_dir
+from ._cache import BuildLockTimeout, find_safe_dir, load_extension, safe_dir
+from ._cachekey import extension_dir
 from .ops import OPS
 
 __all__ = ["KEYS", "RULES", "KeyForm", "active", "build", "decide", "subscribe"]

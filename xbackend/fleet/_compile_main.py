@@ -11,7 +11,7 @@ from typing import Any
 
 from xbackend._device import Device
 
-from ._pool import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
+from ._pool import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, task_bound
 from .compile import compile_target
 
 
@@ -67,8 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"the bound on each compile (default: ${TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_S:g})")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
-    if args.timeout is not None and not 0 < args.timeout < float("inf"):
-        ap.error(f"--timeout expected a finite number of seconds > 0, got {args.timeout:g}")
+    if args.timeout is not None:
+        try:
+            task_bound(args.timeout, "--timeout")
+        except ValueError as e:
+            ap.error(str(e))
     ops = args.ops.split(",") if args.ops else None
     all_rows: list[dict[str, Any]] = []
     start = time.perf_counter()

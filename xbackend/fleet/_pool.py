@@ -43,7 +43,7 @@ from typing import Any
 from xbackend._cache import env_seconds
 
 __all__ = ["DEFAULT_TIMEOUT_S", "GRACE_S", "TIMEOUT_ENV", "TaskTimeout", "WorkerDied", "WorkerPool",
-           "compile_timeout", "run_compiler", "serve", "watch_parent"]
+           "compile_timeout", "run_compiler", "serve", "task_bound", "watch_parent"]
 
 TIMEOUT_ENV = "XBACKEND_COMPILE_TIMEOUT"
 # The slowest single task of a whole-fleet compile on the 2-core CPU is nvcc 13.0 of gated_residual.cu
@@ -67,6 +67,16 @@ def compile_timeout() -> float:
     """``$XBACKEND_COMPILE_TIMEOUT`` seconds, default DEFAULT_TIMEOUT_S; a value that is not a finite
     number > 0 warns once and is the default."""
     return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S, positive=True)
+
+
+def task_bound(timeout: float | None, what: str) -> float:
+    """``timeout`` checked (a finite number of seconds > 0; ``what`` names the argument in the error),
+    or compile_timeout() for None."""
+    if timeout is None:
+        return compile_timeout()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ValueError(f"{what} expected a finite number of seconds > 0, got {timeout!r}")
+    return float(timeout)
 
 
 class TaskTimeout(RuntimeError):

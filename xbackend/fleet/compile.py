@@ -39,7 +39,7 @@ from typing import Any
 
 from xbackend._device import Device
 from xbackend.fleet import _resources, _worker
-from xbackend.fleet._pool import TIMEOUT_ENV, TaskTimeout, WorkerDied, WorkerPool, compile_timeout
+from xbackend.fleet._pool import TIMEOUT_ENV, TaskTimeout, WorkerDied, WorkerPool, task_bound
 from xbackend.fleet._worker import CaptureResult, CompileResult
 from xbackend.fleet.native import NATIVE, NativeLaunch, NativeSource, native_key
 
@@ -194,14 +194,6 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _bound(timeout: float | None) -> float:
-    if timeout is None:
-        return compile_timeout()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-        raise ValueError(f"compile_target: timeout expected a finite number of seconds > 0, got {timeout!r}")
-    return float(timeout)
-
-
 def _result(future: cf.Future, kernel: str, what: str) -> Any:
     """A task's result; a timeout or a dead worker as the CompileResult of ``kernel`` (``what`` ran)."""
     try:
@@ -232,7 +224,7 @@ def run_in_worker(fn: Any, *args: Any, workers: int | None = None, task_timeout:
     """``fn(*args, **kwargs)`` in a compile worker (a module-level function: the worker runs without
     ``TRITON_INTERPRET``, so Triton kernels there are compilable). Raises ``_pool.TaskTimeout`` after
     ``task_timeout`` seconds (default ``$XBACKEND_COMPILE_TIMEOUT``)."""
-    return _pool(workers).submit(fn, args, kwargs, timeout=_bound(task_timeout)).result()
+    return _pool(workers).submit(fn, args, kwargs, timeout=task_bound(task_timeout, "run_in_worker: task_timeout")).result()
 
 
 def compile_spec(spec: Any, arch: str, workers: int | None = None, timeout: float | None = None) -> CompileResult:
@@ -240,7 +232,7 @@ def compile_spec(spec: Any, arch: str, workers: int | None = None, timeout: floa
     key = (spec.key(), arch)
     if key in _COMPILED:
         return _COMPILED[key]
-    future = _pool(workers).submit(_worker.compile_triton, (spec, arch), timeout=_bound(timeout))
+    future = _pool(workers).submit(_worker.compile_triton, (spec, arch), timeout=task_bound(timeout, "compile_spec: timeout"))
     res = _result(future, spec.name, f"Triton compile of {spec.name} for {arch}")
     if not _transient(res.error):
         _COMPILED[key] = res
@@ -312,7 +304,7 @@ def compile_target(
 
     rt = xbackend.runtime()
     arch, vendor = device.arch, device.vendor
-    bound = _bound(timeout)
+    bound = task_bound(timeout, "compile_target: timeout")
     classified = [_classify(p, device, rt) for p in plans]
     needs_pool = any(p.kind in ("triton", "native") for p in classified)
     pool = _pool(workers) if needs_pool else None

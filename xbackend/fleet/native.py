@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from xbackend._cache import sources_digest
+from xbackend._cachekey import sources_digest
 
 __all__ = ["NATIVE", "NATIVE_LAUNCHES", "NativeLaunch", "NativeSource", "native_key"]
 

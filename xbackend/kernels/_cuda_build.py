@@ -3,11 +3,11 @@
 Each extension is compiled for the architectures of the visible GPUs and cached under
 ``$XBACKEND_CACHE_DIR`` (default ``~/.cache/xbackend``), keyed by the content of its sources and of the
 package headers they include, its flags, and the torch, CUDA, Python and nvcc versions
-(``_cache.extension_dir``), only in a directory tree no other user can write, under a build lock whose wait is bounded (``xbackend._cache``
-has both rules). A build that fails is not retried in the process: its first compiler error becomes
-the reason the impl is unavailable (the resolver then takes the next candidate), the whole log stays
-in ``build_log()``. Waiting out another process's build that holds the lock too long is such a
-failure too, with one warning that names the lock file.
+(``_cachekey.extension_dir``), only in a directory tree no other user can write, under a build lock
+whose wait is bounded (``xbackend._cache`` has both rules). A build that fails is not retried in the
+process: its first compiler error becomes the reason the impl is unavailable (the resolver then takes
+the next candidate), the whole log stays in ``build_log()``. Waiting out another process's build that
+holds the lock too long is such a failure too, with one warning that names the lock file.
 
 ``prebuild()`` builds the package's extensions (``PACKAGE_EXTENSIONS``) that this host would use, ahead
 of the first call that needs one: ``xbackend build`` runs it.
@@ -31,7 +31,8 @@ from types import ModuleType
 
 import torch
 
-from xbackend._cache import BuildLockTimeout, extension_dir, load_extension, safe_dir
+from xbackend._cache import BuildLockTimeout, load_extension, safe_dir
+from xbackend._cachekey import extension_dir
 from xbackend._plugins import env_flag
 
 log = logging.getLogger("xbackend")
