@@ -39,6 +39,7 @@ from xbackend.kernels.na_triton_blocks import (
     axis_ok,
     box_walk,
     group_base,
+    group_strides,
     next_block,
     shifted_exponent,
     tile_box,
@@ -98,6 +99,17 @@ def _probs(s, m_i, qk_scale, c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe
     else:
         # scale <= 0: scaled before the mask (-inf * 0 would be NaN, a negative scale would flip it).
         return gl.exp2(gl.where(ok, s * qk_scale, float("-inf")) - m_i[:, None])
+
+
+@gluon.jit
+def _flag_non_finite(acc, flag, ROWS: gl.constexpr, layout: gl.constexpr):
+    """Set ``*flag`` to 2 where a row of ``acc`` holds an inf or a NaN, after the walk (once a tile): a
+    non-finite V value times p = 0 outside a row's window is NaN, so the tile goes to na_triton's safe
+    walk, which runs after the online launch (na_triton_kernel). Row sums keep any inf or NaN and take
+    a quad's shuffles, no shared memory (a sum over the whole tile cost na_gluon 48 bytes of spills)."""
+    total = gl.sum(acc, 1)
+    at = flag + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) * 0
+    gl.store(at, 2, mask=(total != total) | (gl.abs(total) == float("inf")))
 
 
 @gluon.jit
@@ -165,6 +177,7 @@ def na_fwd_shift_kernel(
     POS_SCALE: gl.constexpr,
     Q_REGS: gl.constexpr,  # q.k's A operand (q) from registers instead of shared memory
     DEEP: gl.constexpr,  # leave a trip's p.v in flight through the next trip (two P register sets)
+    WIDE: gl.constexpr,  # spans.wide: a group's base and strides in 64 bits
     num_warps: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = TQ0 * TQ1 * TQ2
@@ -192,17 +205,20 @@ def na_fwd_shift_kernel(
         STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2)
     n_blocks, end1, end2 = box_walk(lo0, lo1, lo2, hi0, hi1, hi2, live, TK0, TK1, TK2)
 
-    q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2)
-    k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2)
-    v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2)
-    o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2)
+    q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2, WIDE)
+    k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2, WIDE)
+    v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2, WIDE)
+    o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2, WIDE)
+    gq0, gq1, gq2 = group_strides(DIL0, DIL1, DIL2, sq0, sq1, sq2, WIDE)
+    gk0, gk1, gk2 = group_strides(DIL0, DIL1, DIL2, sk0, sk1, sk2, WIDE)
+    gv0, gv1, gv2 = group_strides(DIL0, DIL1, DIL2, sv0, sv1, sv2, WIDE)
     # Descriptors over this program's dilation sub-grid: boxes past its end or past head_dim are
     # zero-filled on load (those keys fail the window test) and clipped on store.
-    q_desc = tma.make_tensor_descriptor(q_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sq0, DIL1 * sq1, DIL2 * sq2, 1],
+    q_desc = tma.make_tensor_descriptor(q_base, [N0, N1, N2, HEAD_DIM], [gq0, gq1, gq2, 1],
                                         [TQ0, TQ1, TQ2, HEAD_DIM], q_sl)
-    k_desc = tma.make_tensor_descriptor(k_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sk0, DIL1 * sk1, DIL2 * sk2, 1],
+    k_desc = tma.make_tensor_descriptor(k_base, [N0, N1, N2, HEAD_DIM], [gk0, gk1, gk2, 1],
                                         [TK0, TK1, TK2, HEAD_DIM], kv_sl)
-    v_desc = tma.make_tensor_descriptor(v_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sv0, DIL1 * sv1, DIL2 * sv2, 1],
+    v_desc = tma.make_tensor_descriptor(v_base, [N0, N1, N2, HEAD_DIM], [gv0, gv1, gv2, 1],
                                         [TK0, TK1, TK2, HEAD_DIM], kv_sl)
 
     q_smem = gl.allocate_shared_memory(dtype, [TQ0, TQ1, TQ2, HEAD_DIM], q_sl)
@@ -309,12 +325,14 @@ def na_fwd_shift_kernel(
         acc = warpgroup_mma(p, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         acc, p, p_prev = warpgroup_mma_wait(0, deps=[acc, p, p_prev])
 
+        # An inf or a NaN in the accumulator: flag 2, for na_triton's safe walk.
+        _flag_non_finite(acc, FLAGS + flat_pid, BLOCK_M, o_layout)
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         # q's buffer holds the output tile for the TMA store (every wgmma reading q is done).
         q2.store(acc.to(dtype))
         fence_async_shared()
-        o_desc = tma.make_tensor_descriptor(o_base, [N0, N1, N2, HEAD_DIM],
-                                            [DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
+        go0, go1, go2 = group_strides(DIL0, DIL1, DIL2, so0, so1, so2, WIDE)
+        o_desc = tma.make_tensor_descriptor(o_base, [N0, N1, N2, HEAD_DIM], [go0, go1, go2, 1],
                                             [TQ0, TQ1, TQ2, HEAD_DIM], q_sl)
         _tma_store(o_desc, [a0, a1, a2, 0], q_smem)
         tma.store_wait(0)

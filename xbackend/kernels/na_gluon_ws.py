@@ -38,8 +38,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from xbackend.kernels.na_gluon import _probs, _row_layout, _tma_load, _tma_store
-from xbackend.kernels.na_triton_blocks import box_walk, group_base, next_block, tile_box, win_end, win_start
+from xbackend.kernels.na_gluon import _flag_non_finite, _probs, _row_layout, _tma_load, _tma_store
+from xbackend.kernels.na_triton_blocks import (
+    box_walk,
+    group_base,
+    group_strides,
+    next_block,
+    tile_box,
+    win_end,
+    win_start,
+)
 
 __all__ = ["CONSUMER_REGS", "KV_BUFFERS", "K_LEAD", "OPTIONS", "V_LEAD", "na_fwd_ws_kernel", "ws_supports"]
 
@@ -126,7 +134,7 @@ def _trip(j, s, p_prev, acc, l_i, c0, c1, c2, lc0, lc1, lc2, q_op, k_bufs, v_buf
 
 @gluon.jit
 def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l_bufs, l_full, l_empty,
-              o_desc, knorm, qk_scale,
+              o_desc, knorm, qk_scale, flag,
               b0, b1, b2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
               CAUSAL0: gl.constexpr, CAUSAL1: gl.constexpr, CAUSAL2: gl.constexpr,
               STRIDE0: gl.constexpr, STRIDE1: gl.constexpr, STRIDE2: gl.constexpr,
@@ -135,7 +143,8 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
               HEAD_DIM: gl.constexpr, POS_SCALE: gl.constexpr, Q_REGS: gl.constexpr, DEEP: gl.constexpr,
               LEAD: gl.constexpr, NBYTES: gl.constexpr):
     """One warpgroup's 64 queries (origin b0, b1, b2, shape SQ0 x SQ1 x SQ2) over the tile's key box;
-    it also loads one stream (``l_desc``: K or V), LEAD blocks ahead of its walk."""
+    it also loads one stream (``l_desc``: K or V), LEAD blocks ahead of its walk. ``flag``: the tile's
+    entry of FLAGS, set to 2 where this warpgroup's accumulator holds an inf or a NaN."""
     HALF_M: gl.constexpr = SQ0 * SQ1 * SQ2
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
     NW: gl.constexpr = 4
@@ -220,6 +229,8 @@ def _consumer(q_buf, k_bufs, v_bufs, k_full, v_full, k_empty, v_empty, l_desc, l
         acc = warpgroup_mma(p, v_bufs.index(vs_).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         acc, p, p_prev = warpgroup_mma_wait(0, deps=[acc, p, p_prev])
 
+        # An inf or a NaN (na_gluon's test): the tile goes to na_triton's safe walk.
+        _flag_non_finite(acc, flag, HALF_M, o_layout)
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         # This warpgroup's q buffer holds its output rows for the TMA store (its wgmmas are done).
         q2.store(acc.to(dtype))
@@ -251,6 +262,7 @@ def na_fwd_ws_kernel(
     POS_SCALE: gl.constexpr,
     Q_REGS: gl.constexpr,  # q.k's A operand (q) from registers instead of shared memory
     DEEP: gl.constexpr,  # leave a trip's p.v in flight through the next trip (two P register sets)
+    WIDE: gl.constexpr,  # spans.wide: a group's base and strides in 64 bits
     num_warps: gl.constexpr,  # 4: the first consumer warpgroup; the second is a worker partition
 ):
     BLOCK_N: gl.constexpr = TK0 * TK1 * TK2
@@ -279,20 +291,24 @@ def na_fwd_ws_kernel(
     d1 = SQ1 if AX == 1 else 0
     d2 = SQ2 if AX == 2 else 0
 
-    q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2)
-    k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2)
-    v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2)
-    o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2)
+    q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2, WIDE)
+    k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2, WIDE)
+    v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2, WIDE)
+    o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2, WIDE)
+    gq0, gq1, gq2 = group_strides(DIL0, DIL1, DIL2, sq0, sq1, sq2, WIDE)
+    gk0, gk1, gk2 = group_strides(DIL0, DIL1, DIL2, sk0, sk1, sk2, WIDE)
+    gv0, gv1, gv2 = group_strides(DIL0, DIL1, DIL2, sv0, sv1, sv2, WIDE)
+    go0, go1, go2 = group_strides(DIL0, DIL1, DIL2, so0, so1, so2, WIDE)
     # Descriptors over this program's dilation sub-grid, as in na_gluon (zero-filled loads past the
     # end fail the window test; stores past it are clipped).
-    q_desc = tma.make_tensor_descriptor(q_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sq0, DIL1 * sq1, DIL2 * sq2, 1],
-                                        [SQ0, SQ1, SQ2, HEAD_DIM], q_sl)
-    k_desc = tma.make_tensor_descriptor(k_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sk0, DIL1 * sk1, DIL2 * sk2, 1],
-                                        [TK0, TK1, TK2, HEAD_DIM], kv_sl)
-    v_desc = tma.make_tensor_descriptor(v_base, [N0, N1, N2, HEAD_DIM], [DIL0 * sv0, DIL1 * sv1, DIL2 * sv2, 1],
-                                        [TK0, TK1, TK2, HEAD_DIM], kv_sl)
-    o_desc = tma.make_tensor_descriptor(o_base, [N0, N1, N2, HEAD_DIM], [DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
-                                        [SQ0, SQ1, SQ2, HEAD_DIM], q_sl)
+    q_desc = tma.make_tensor_descriptor(q_base, [N0, N1, N2, HEAD_DIM], [gq0, gq1, gq2, 1], [SQ0, SQ1, SQ2, HEAD_DIM],
+                                        q_sl)
+    k_desc = tma.make_tensor_descriptor(k_base, [N0, N1, N2, HEAD_DIM], [gk0, gk1, gk2, 1], [TK0, TK1, TK2, HEAD_DIM],
+                                        kv_sl)
+    v_desc = tma.make_tensor_descriptor(v_base, [N0, N1, N2, HEAD_DIM], [gv0, gv1, gv2, 1], [TK0, TK1, TK2, HEAD_DIM],
+                                        kv_sl)
+    o_desc = tma.make_tensor_descriptor(o_base, [N0, N1, N2, HEAD_DIM], [go0, go1, go2, 1], [SQ0, SQ1, SQ2, HEAD_DIM],
+                                        q_sl)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, SQ0, SQ1, SQ2, HEAD_DIM], q_sl)
     k_bufs = gl.allocate_shared_memory(dtype, [KV_BUFFERS, TK0, TK1, TK2, HEAD_DIM], kv_sl)
@@ -328,12 +344,12 @@ def na_fwd_ws_kernel(
 
     gl.warp_specialize([
         (_consumer, (q_smem.index(0), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-                     k_desc, k_bufs, k_full, k_empty, o_desc, knorm, qk_scale,
+                     k_desc, k_bufs, k_full, k_empty, o_desc, knorm, qk_scale, FLAGS + flat_pid,
                      a0, a1, a2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
                      CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
                      HEAD_DIM, POS_SCALE, Q_REGS, DEEP, K_LEAD, NBYTES)),
         (_consumer, (q_smem.index(1), k_bufs, v_bufs, k_full, v_full, k_empty, v_empty,
-                     v_desc, v_bufs, v_full, v_empty, o_desc, knorm, qk_scale,
+                     v_desc, v_bufs, v_full, v_empty, o_desc, knorm, qk_scale, FLAGS + flat_pid,
                      a0 + d0, a1 + d1, a2 + d2, N0, N1, N2, lo0, lo1, lo2, end1, end2, n_walk, KS0, KS1, KS2,
                      CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, SQ0, SQ1, SQ2, TK0, TK1, TK2,
                      HEAD_DIM, POS_SCALE, Q_REGS, DEEP, V_LEAD, NBYTES)),

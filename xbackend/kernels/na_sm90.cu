@@ -6,7 +6,8 @@
 // tile of one (batch, head), rows in (axis 0, axis 1, axis 2) order; each row's exponent is shifted
 // by its Cauchy-Schwarz bound |q| * max|k| * scale (log2 units), so the walk keeps no row max and
 // never rescales; a tile whose largest bound exceeds shift_max walks nothing and sets its flag,
-// indexed as na_triton's grid (tile + tiles * (batch * heads + head)), for na_triton's online launch.
+// indexed as na_triton's grid (tile + tiles * (batch * heads + head)), for na_triton's online launch;
+// a tile whose accumulator ends with an inf or a NaN sets its flag to 2, for na_triton's safe walk.
 //
 // Per CTA: one warpgroup; q (64 rows), a 3-slot ring of K (56 rows) and V (64 rows, the last 8
 // zero) moved by TMA in 128-byte swizzle; q.k as wgmma m64n56k16 (q and k in shared memory), the
@@ -213,6 +214,14 @@ __global__ void __launch_bounds__(128, 4)
     }
     wg_wait<0>();
     fence_regs(acc);
+
+    // An inf or a NaN in this thread's accumulator (a non-finite V value times p = 0 outside a row's
+    // window is NaN): flag 2, for na_triton's safe walk, which runs after the online launch. Once a
+    // tile, after the walk: a sum keeps any inf or NaN (a finite overflow flags too, harmlessly).
+    float total = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) total += acc[i];
+    if (!isfinite(total)) flags[(size_t)bh * gridDim.x + tile] = 2;
 
     l0 += __shfl_xor_sync(0xffffffff, l0, 1);
     l0 += __shfl_xor_sync(0xffffffff, l0, 2);

@@ -68,8 +68,20 @@ fp32; bf16/fp16 operands on the tensor cores.
   clamped or masked for the loads. A call whose bases or
   strides break TMA's 16-byte rules (``tma_layout_ok``) takes the pointer loads.
 
+* Non-finite values in V: p.v multiplies a tile's whole key box, where a key outside a query's window
+  has p = 0 and 0 * inf is NaN. Every walk (shift, online, na_gluon's, na_sm90's) tests its tile's
+  accumulator for an inf or a NaN once, after its loop, and flags the tile 2; a last launch runs
+  ``na_triton_blocks.safe_loop`` for exactly those tiles (V's non-finite values zeroed for p.v and
+  restored by 0/1 products where an in-window key holds one: the reference's inf/NaN positions), the
+  others exiting at once as in the REDO launch. The walks' loops are unchanged.
+* Offsets (``spans``): where a view spans 2**31 elements or more from its data pointer (q, k and v
+  sliced from one fused qkv buffer) or a dilation times a stride reaches 2**31, the launch passes
+  ``WIDE`` and the kernel forms index x stride in 64 bits; otherwise the 32-bit code is unchanged.
+* Grid: batch x heads (or the dilation groups) past 65535, CUDA's limit on a grid's second and third
+  extents, take a 1-D grid of one program a tile (``FLAT``).
+
 Limits (``supports``): CUDA, bf16/fp16, any stride the op accepts, head_dim in ``HEAD_DIMS`` (32, 64, 80, 96, 128), last dim
-contiguous, tensors under 2**31 elements (offsets within a batch are 32-bit).
+contiguous.
 
 H200 (benchmarks/na_sol.py, docs/performance.md): the useful TFLOP/s and % of speed of light per case.
 """
@@ -85,7 +97,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from xbackend.kernels import _triton_launch, na_sm90
+from xbackend.kernels import _triton_launch, na_sm90, spans
 from xbackend.kernels.key_norm import max_key_norm
 from xbackend.kernels.na_triton_kernel import _na_fwd_kernel
 
@@ -136,8 +148,6 @@ def supports(
         return f"head_dim {q.shape[-1]} not in {HEAD_DIMS}"
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         return "needs contiguous last dim"
-    if any(t.numel() >= 2**31 for t in (q, k, v)):
-        return "tensor has >= 2**31 elements"
     return None
 
 
@@ -194,12 +204,13 @@ def neighborhood_attention(
     # fp16 p would lose the small terms the shift leaves (fp16 normals end at 2**-14); bf16 has fp32's
     # range (and fp32, which only the interpreter tests run, is fp32).
     shift = config.shift and q.dtype != torch.float16
-    if shift:
-        # The shift launch's bound needs each (batch, head)'s largest key norm: one pass over k.
-        knorm = max_key_norm(k3)
-        flags = torch.zeros(n_programs, dtype=torch.int32, device=q.device)
-    else:
-        knorm = flags = o3  # not read
+    # Per tile: 1 for the online walk (a SHIFT launch's loose bound), 2 for the safe walk (non-finite).
+    flags = torch.zeros(n_programs, dtype=torch.int32, device=q.device)
+    # The shift launch's bound needs each (batch, head)'s largest key norm: one pass over k.
+    knorm = max_key_norm(k3) if shift else o3  # o3: not read
+    wide = _wide(dil, q3, k3, v3, o3)
+    # CUDA's grid: 2**31 - 1 programs along its first axis, 65535 along the other two.
+    flat = grid[1] > 65535 or grid[2] > 65535
     args = (q3, k3, v3, o3, knorm, flags,
             *strides(q3), *strides(k3), *strides(v3), *strides(o3),
             s0, s1, s2, *ks, *dil, heads, float(scale) * _LOG2E, *causal, *st, *tq, *config.kv_tile)
@@ -216,40 +227,46 @@ def neighborhood_attention(
     else:
         targs = args
 
-    def launch(redo: bool, shift: bool) -> None:
+    def launch(redo: int, shift: bool) -> None:
         one_d = redo and chunk > 1
-        _na_fwd_kernel[(triton.cdiv(n_programs, chunk),) if one_d else grid](
-            *targs,
+        safe = redo == SAFE
+        _na_fwd_kernel[(triton.cdiv(n_programs, chunk),) if one_d else (n_programs,) if flat else grid](
+            *(args if safe else targs),
             HEAD_DIM=head_dim,
             HEAD_PAD=head_pad,
-            TMA=mode,
+            TMA=0 if safe else mode,  # the safe walk reads through pointers
             SHIFT=shift,
             REDO=redo,
             SHIFT_MAX=SHIFT_MAX,
             POS_SCALE=float(scale) > 0,
+            WIDE=wide,
             REDO_CHUNK=chunk if one_d else 1,
+            FLAT=flat and not one_d,
             n_programs=n_programs,
             grid_t=grid[0],
             grid_bh=grid[1],
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
+            # The safe walk holds three [BLOCK_M, HEAD_PAD] fp32 accumulators: at head_dim 128 with 4 warps
+            # it spills 1008 bytes a thread, with 8 warps 224 (sm90, Triton 3.9); at 64, 4 warps spill less.
+            num_warps=8 if safe and head_pad >= 128 else 4 if safe else config.num_warps,
+            num_stages=1 if safe else config.num_stages,
             # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
             # is on; Triton 3.10 turns the default off. (A tolerance kernel: speed, not its contract.)
             enable_fp_fusion=True,
         )
 
-    # With ``shift``: the shift launch, then the online walk for the programs it flagged (those exit at
-    # once otherwise). Without: the online walk alone.
-    launches = ([functools.partial(launch, redo=False, shift=True), functools.partial(launch, redo=True, shift=False)]
-                if shift else [functools.partial(launch, redo=False, shift=False)])
-    if shift and tma and config.pipelined and na_gluon is not None and _hopper(q):
+    # With ``shift``: the shift launch, then the online walk for the programs it flagged 1 (those exit at
+    # once otherwise). Without: the online walk alone. Last, the safe walk for the programs flagged 2.
+    launches = ([functools.partial(launch, redo=0, shift=True), functools.partial(launch, redo=ONLINE, shift=False)]
+                if shift else [functools.partial(launch, redo=0, shift=False)])
+    launches.append(functools.partial(launch, redo=SAFE, shift=False))
+    if shift and tma and config.pipelined and na_gluon is not None and _hopper(q) and not flat:
         # The shift launch as a pipelined Gluon kernel (the same walk: bit for bit its result).
         pipelined = _pipelined_kernel(head_dim, tq, config.kv_tile, st)
         if pipelined is not None:
             kernel, warps, schedule = pipelined
             launches[0] = functools.partial(kernel[grid], *args, HEAD_DIM=head_dim, SHIFT_MAX=SHIFT_MAX,
-                                            POS_SCALE=float(scale) > 0, num_warps=warps, enable_fp_fusion=True,
-                                            **schedule)
+                                            POS_SCALE=float(scale) > 0, WIDE=wide, num_warps=warps,
+                                            enable_fp_fusion=True, **schedule)
     if shift and na_sm90.takes(q3, k3, v3, o3, ks, dil, causal, st, float(scale), tq, config.kv_tile):
         # The shift launch in 56-key blocks (CUDA C++, sm_90a): the same walk and flags, 1/8 fewer q.k pairs.
         launches[0] = functools.partial(na_sm90.shift_launch, q3, k3, v3, o3, knorm, flags, ks,
@@ -262,6 +279,18 @@ def neighborhood_attention(
         else:
             one()
     return out
+
+
+# The flag values of a tile (``_na_fwd_kernel``'s REDO): left to the online walk, left to the safe walk.
+ONLINE = 1
+SAFE = 2
+
+
+def _wide(dilation: tuple[int, int, int], *tensors: torch.Tensor) -> bool:
+    """``spans.wide`` for the kernel's offsets: each view's span, and a dilation group's stride (a
+    dilation times an axis stride, which a group's base and its descriptors form)."""
+    extra = max(d * t.stride(1 + a) for t in tensors for a, d in enumerate(dilation))
+    return spans.wide(*tensors, extra=extra)
 
 
 # 128-query tiles take the warp-specialized kernel (two consumer warpgroups, each its own partition)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["axis_ok", "box_walk", "group_base", "kv_loop", "leader", "load_block", "next_block", "scores", "shifted_exponent",
-           "tile_box", "win_end", "win_start"]
+__all__ = ["axis_ok", "box_walk", "group_base", "group_strides", "kv_loop", "leader", "load_block", "next_block",
+           "non_finite", "safe_loop", "scores", "shifted_exponent", "tile_box", "win_end", "win_start", "window_ok"]
 
 
 @triton.jit
@@ -82,10 +82,25 @@ def tile_box(pid_t, pid_g, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1, DIL2,
 
 
 @triton.jit
-def group_base(ptr, b, h, g0, g1, g2, sb, sh, s0, s1, s2):
+def group_base(ptr, b, h, g0, g1, g2, sb, sh, s0, s1, s2, WIDE: tl.constexpr = False):
     """``ptr`` moved to batch ``b``, head ``h`` and dilation group (g0, g1, g2): the origin of a
-    program's sub-grid (64-bit offsets: a tensor may pass 2**31 bytes)."""
-    return ptr + b.to(tl.int64) * sb + h.to(tl.int64) * sh + g0 * s0 + g1 * s1 + g2 * s2
+    program's sub-grid (64-bit offsets: a tensor may pass 2**31 bytes). ``WIDE`` (``spans.wide``): the
+    group offsets too, which pass 2**31 elements only where a view's span does."""
+    if WIDE:
+        return (ptr + b.to(tl.int64) * sb + h.to(tl.int64) * sh + tl.cast(g0, tl.int64) * s0
+                + tl.cast(g1, tl.int64) * s1 + tl.cast(g2, tl.int64) * s2)
+    else:
+        return ptr + b.to(tl.int64) * sb + h.to(tl.int64) * sh + g0 * s0 + g1 * s1 + g2 * s2
+
+
+@triton.jit
+def group_strides(d0, d1, d2, s0, s1, s2, WIDE: tl.constexpr):
+    """A dilation group's strides, dilation times stride per axis: 64-bit with ``WIDE``, so a row index
+    times one of them is 64-bit too (``spans``: 32-bit products wrap past 2**31 - 1)."""
+    if WIDE:
+        return tl.cast(d0, tl.int64) * s0, tl.cast(d1, tl.int64) * s1, tl.cast(d2, tl.int64) * s2
+    else:
+        return d0 * s0, d1 * s1, d2 * s2
 
 
 @triton.jit
@@ -252,3 +267,84 @@ def kv_loop(q, acc, l_i, m_i, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2,
             m_i = m_new
         c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
     return acc, l_i
+
+
+@triton.jit
+def window_ok(c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+              TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+              CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr):
+    """[M, N]: key n of the block at (c0, c1, c2) lies in query row m's window."""
+    ok = axis_ok(c0, c0 + n0, qs0, qe0, KS0, TK0, CAUSAL0)
+    ok = ok & axis_ok(c1, c1 + n1, qs1, qe1, KS1, TK1, CAUSAL1)
+    ok = ok & axis_ok(c2, c2 + n2, qs2, qe2, KS2, TK2, CAUSAL2)
+    return ok
+
+
+@triton.jit
+def non_finite(acc):
+    """[M]: the rows of an [M, D] accumulator that hold an inf or a NaN, by each row's sum (inf and NaN
+    survive it; the threads of a row reduce by shuffles, no shared memory). A finite row whose sum
+    overflows counts too: its tile is redone, at no harm."""
+    total = tl.sum(acc, 1)
+    return (total != total) | (tl.abs(total) == float("inf"))
+
+
+@triton.jit
+def safe_loop(q, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2, k_base, v_base, n0, n1, n2, hi0, hi1, hi2,
+              ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+              TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr,
+              CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
+              HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile's attention where its fast walk met an inf or a NaN: p.v over V with its non-finite
+    values zeroed, so a key outside a row's window (p = 0) adds exact zeros, and the non-finite values
+    of keys inside it restored by 0/1 products, as the reference's sum over the window has them:
+    NaN from a NaN value or from an infinite one whose probability is 0 (0 * inf), +inf from +inf with
+    p > 0, -inf likewise, NaN from both. Two passes over the key box (pointer loads): the exact row max
+    of the scores, then probabilities shifted by it (p > 0 decided against the row's true max, as the
+    reference's softmax decides it). Returns (acc / l plus the restored non-finite values)."""
+    c0 = lo0
+    c1 = lo1
+    c2 = lo2
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for _ in range(0, n_blocks):
+        kb = load_block(k_base, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
+                        HEAD_DIM, HEAD_PAD, BLOCK_N, 0)
+        ok = window_ok(c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
+                       CAUSAL0, CAUSAL1, CAUSAL2)
+        s = tl.where(ok, tl.dot(q, tl.trans(kb)) * qk_scale, float("-inf"))
+        m_i = tl.maximum(m_i, tl.max(s, 1))
+        c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    up = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # per column: an in-window +inf or NaN counts
+    down = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # -inf or NaN
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    c0 = lo0
+    c1 = lo1
+    c2 = lo2
+    for _ in range(0, n_blocks):
+        kb = load_block(k_base, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
+                        HEAD_DIM, HEAD_PAD, BLOCK_N, 0)
+        vb = load_block(v_base, v_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, vs0, vs1, vs2, offs_d,
+                        HEAD_DIM, HEAD_PAD, BLOCK_N, 0)
+        ok = window_ok(c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
+                       CAUSAL0, CAUSAL1, CAUSAL2)
+        s = tl.where(ok, tl.dot(q, tl.trans(kb)) * qk_scale, float("-inf"))
+        p = tl.math.exp2(s - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        nan_v = vb != vb
+        bad = nan_v | (tl.abs(vb) == float("inf"))
+        acc = tl.dot(p.to(vb.dtype), tl.where(bad, 0.0, vb).to(vb.dtype), acc)
+        # 0/1 products (exact counts in fp32): which in-window keys bring which non-finite value.
+        kept = (p > 0).to(vb.dtype)
+        lost = (ok & (p == 0)).to(vb.dtype)  # in the window, probability 0: 0 * inf or 0 * NaN is NaN
+        bad01 = bad.to(vb.dtype)
+        up = tl.dot(kept, ((vb == float("inf")) | nan_v).to(vb.dtype), up)
+        up = tl.dot(lost, bad01, up)
+        down = tl.dot(kept, ((vb == float("-inf")) | nan_v).to(vb.dtype), down)
+        down = tl.dot(lost, bad01, down)
+        c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    # The finite part plus the restored value: IEEE addition gives NaN for NaN, +inf + -inf or a NaN
+    # row (a NaN score), and the infinity itself over a finite sum.
+    special = tl.where((up > 0) & (down > 0), float("nan"),
+                       tl.where(up > 0, float("inf"), tl.where(down > 0, float("-inf"), 0.0)))
+    return acc / l_i[:, None] + special

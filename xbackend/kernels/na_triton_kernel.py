@@ -2,6 +2,10 @@
 whose programs run one tile each, or, for a REDO launch on a large grid, several. The design, the
 launch switches and the measured numbers are ``na_triton``'s docstring; the walk's device functions
 are ``na_triton_blocks``.
+
+Flags (one int32 per tile of the grid): 1, set by a SHIFT launch, leaves the tile to the online walk
+(``REDO=1``); 2, set by any walk whose accumulator holds an inf or a NaN, leaves it to the safe walk
+(``REDO=2``, ``na_triton_blocks.safe_loop``), which the launch runs last.
 """
 
 from __future__ import annotations
@@ -9,7 +13,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xbackend.kernels.na_triton_blocks import box_walk, group_base, kv_loop, tile_box, win_end, win_start
+from xbackend.kernels.na_triton_blocks import (
+    box_walk,
+    group_base,
+    group_strides,
+    kv_loop,
+    non_finite,
+    safe_loop,
+    tile_box,
+    win_end,
+    win_start,
+)
 
 
 @triton.jit
@@ -37,9 +51,10 @@ def _na_tile(
     # 2: TMA by the launch's 5-D descriptors Q, K, V, Out over [batch, S0, S1, S2, heads * head_dim]
     TMA: tl.constexpr,
     SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
-    REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
+    REDO: tl.constexpr,  # 0: every tile; 1: the online walk of tiles flagged 1; 2: the safe walk of tiles flagged 2
     SHIFT_MAX: tl.constexpr,
     POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
+    WIDE: tl.constexpr,  # spans.wide: offsets past 2**31 elements, so index x stride in 64 bits
     run=True,  # False: walk no KV block and store nothing (a chunked REDO program's unflagged tile)
 ):
     """One Q tile's attention (the kernel's body; a chunked REDO program runs several)."""
@@ -73,11 +88,16 @@ def _na_tile(
     offs_d = tl.arange(0, HEAD_PAD)
     d_ok = offs_d < HEAD_DIM
     tcol = h * HEAD_DIM  # the head's first column on a TMA == 2 descriptor's last axis
+    # A dilation group's strides (64-bit with WIDE: a row index times one passes 2**31 there).
+    gq0, gq1, gq2 = group_strides(DIL0, DIL1, DIL2, sq0, sq1, sq2, WIDE)
+    ks0, ks1, ks2 = group_strides(DIL0, DIL1, DIL2, sk0, sk1, sk2, WIDE)
+    vs0, vs1, vs2 = group_strides(DIL0, DIL1, DIL2, sv0, sv1, sv2, WIDE)
+    go0, go1, go2 = group_strides(DIL0, DIL1, DIL2, so0, so1, so2, WIDE)
     if TMA != 2:  # pointers into this program's (batch, head, dilation group)
-        q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2)
-        k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2)
-        v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2)
-        o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2)
+        q_base = group_base(Q, b, h, g0, g1, g2, sqb, sqh, sq0, sq1, sq2, WIDE)
+        k_base = group_base(K, b, h, g0, g1, g2, skb, skh, sk0, sk1, sk2, WIDE)
+        v_base = group_base(V, b, h, g0, g1, g2, svb, svh, sv0, sv1, sv2, WIDE)
+        o_base = group_base(Out, b, h, g0, g1, g2, sob, soh, so0, so1, so2, WIDE)
     if TMA == 2:
         # The launch's descriptors (kernel parameters): nothing to build or fence before the first load.
         k_desc = K
@@ -89,20 +109,17 @@ def _na_tile(
         # One descriptor per tensor over this program's sub-grid [N0, N1, N2, HEAD_DIM]: a box past the
         # group's end or past HEAD_DIM is zero-filled on load (those keys fail the window test, those
         # query rows and pad columns are clipped on store), so nothing is clamped or masked here.
-        q_desc = tl.make_tensor_descriptor(q_base, shape=[N0, N1, N2, HEAD_DIM],
-                                           strides=[DIL0 * sq0, DIL1 * sq1, DIL2 * sq2, 1],
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[N0, N1, N2, HEAD_DIM], strides=[gq0, gq1, gq2, 1],
                                            block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[N0, N1, N2, HEAD_DIM],
-                                           strides=[DIL0 * sk0, DIL1 * sk1, DIL2 * sk2, 1],
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[N0, N1, N2, HEAD_DIM], strides=[ks0, ks1, ks2, 1],
                                            block_shape=[TK0, TK1, TK2, HEAD_PAD])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[N0, N1, N2, HEAD_DIM],
-                                           strides=[DIL0 * sv0, DIL1 * sv1, DIL2 * sv2, 1],
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[N0, N1, N2, HEAD_DIM], strides=[vs0, vs1, vs2, 1],
                                            block_shape=[TK0, TK1, TK2, HEAD_PAD])
         q = tl.reshape(q_desc.load([a0, a1, a2, 0]), [BLOCK_M, HEAD_PAD])
     else:
         k_desc = k_base  # unused: load_block reads through pointers
         v_desc = v_base
-        q_row = m0 * (DIL0 * sq0) + m1 * (DIL1 * sq1) + m2 * (DIL2 * sq2)
+        q_row = m0 * gq0 + m1 * gq1 + m2 * gq2
         if HEAD_PAD != HEAD_DIM:
             q = tl.load(q_base + q_row[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
         else:
@@ -113,12 +130,16 @@ def _na_tile(
     n1 = (offs_n // TK2) % TK1
     n2 = offs_n % TK2
     n_blocks, end1, end2 = box_walk(lo0, lo1, lo2, hi0, hi1, hi2, live, TK0, TK1, TK2)
-    ks0 = DIL0 * sk0
-    ks1 = DIL1 * sk1
-    ks2 = DIL2 * sk2
-    vs0 = DIL0 * sv0
-    vs1 = DIL1 * sv1
-    vs2 = DIL2 * sv2
+    if REDO == 2:
+        # A tile whose walk met an inf or a NaN (flagged 2): the non-finite-safe walk, pointer tiles.
+        tl.static_assert(TMA == 0, "the safe walk reads through pointers")
+        res = safe_loop(q, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2, k_base, v_base, n0, n1, n2, hi0, hi1,
+                        hi2, ks0, ks1, ks2, vs0, vs1, vs2, offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2,
+                        TK0, TK1, TK2, CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_M, BLOCK_N)
+        o_row = m0 * go0 + m1 * go1 + m2 * go2
+        tl.store(o_base + o_row[:, None] + offs_d[None, :], res.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        return
 
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
@@ -141,18 +162,22 @@ def _na_tile(
                        offs_d, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
                        CAUSAL0, CAUSAL1, CAUSAL2, HEAD_DIM, HEAD_PAD, BLOCK_N, TMA, POS_SCALE, SHIFT, b, tcol)
 
+    # An inf or a NaN in the accumulator (a non-finite value of V met by p = 0 outside some row's
+    # window gives NaN, one inside it inf or NaN): the tile is left to the safe walk (REDO=2), which
+    # runs after this launch and overwrites what this one stores. A tile that walked nothing (not
+    # live, or left to the online walk) has a zero accumulator and sets nothing.
+    tl.store(FLAGS + flat_pid + offs_m * 0, 2, mask=non_finite(acc))
     acc = acc / l_i[:, None]
     if TMA == 2:
         if live:
             Out.store([b, a0, a1, a2, tcol], tl.reshape(acc.to(q.dtype), [1, TQ0, TQ1, TQ2, HEAD_PAD]))
     elif TMA == 1:
-        o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM],
-                                           strides=[DIL0 * so0, DIL1 * so1, DIL2 * so2, 1],
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[N0, N1, N2, HEAD_DIM], strides=[go0, go1, go2, 1],
                                            block_shape=[TQ0, TQ1, TQ2, HEAD_PAD])
         if live:
             o_desc.store([a0, a1, a2, 0], tl.reshape(acc.to(Out.dtype.element_ty), [TQ0, TQ1, TQ2, HEAD_PAD]))
     else:
-        o_row = m0 * (DIL0 * so0) + m1 * (DIL1 * so1) + m2 * (DIL2 * so2)
+        o_row = m0 * go0 + m1 * go1 + m2 * go2
         if HEAD_PAD != HEAD_DIM:
             tl.store(
                 o_base + o_row[:, None] + offs_d[None, :],
@@ -187,11 +212,13 @@ def _na_fwd_kernel(
     # 2: TMA by the launch's 5-D descriptors Q, K, V, Out over [batch, S0, S1, S2, heads * head_dim]
     TMA: tl.constexpr,
     SHIFT: tl.constexpr,  # shift by the Cauchy-Schwarz bound where it is tight enough (no row max)
-    REDO: tl.constexpr,  # the online walk for exactly the programs a SHIFT launch flagged
+    REDO: tl.constexpr,  # 0: every tile; 1 or 2: the tiles whose flag is this value (online, safe walk)
     SHIFT_MAX: tl.constexpr,
     POS_SCALE: tl.constexpr,  # scale > 0: the scale folds into the exponent's FMA after the mask
+    WIDE: tl.constexpr,  # spans.wide: offsets past 2**31 elements, so index x stride in 64 bits
     REDO_CHUNK: tl.constexpr,  # REDO: tiles a program takes (1-D grid) where more than 1
-    n_programs,  # the tile grid's size (REDO_CHUNK > 1)
+    FLAT: tl.constexpr,  # a 1-D grid of one program a tile (the tile grid's second or third extent > 65535)
+    n_programs,  # the tile grid's size (REDO_CHUNK > 1 or FLAT)
     grid_t, grid_bh,  # its first two extents
 ):
     if REDO_CHUNK > 1:
@@ -203,14 +230,14 @@ def _na_fwd_kernel(
         first = tl.program_id(0)
         step = tl.num_programs(0)
         offs = first + tl.arange(0, REDO_CHUNK) * step
-        if tl.max(tl.load(FLAGS + offs, mask=offs < n_programs, other=0), 0) == 0:
+        if tl.max((tl.load(FLAGS + offs, mask=offs < n_programs, other=0) == REDO).to(tl.int32), 0) == 0:
             return
         # Every tile of the chunk goes through the tile body, an unflagged one (or one past the grid)
         # walking zero blocks and storing nothing: one straight-line body, no branch around it.
         for i in range(REDO_CHUNK):
             tile = first + i * step
             flat_pid = tl.minimum(tile, n_programs - 1)
-            flagged = (tile < n_programs) & (tl.load(FLAGS + flat_pid) != 0)
+            flagged = (tile < n_programs) & (tl.load(FLAGS + flat_pid) == REDO)
             pid_t = flat_pid % grid_t
             pid_bh = (flat_pid // grid_t) % grid_bh
             pid_g = flat_pid // (grid_t * grid_bh)
@@ -219,17 +246,23 @@ def _na_fwd_kernel(
                 skh, sk0, sk1, sk2, svb, svh, sv0, sv1, sv2, sob, soh, so0, so1, so2, L0, L1, L2, KS0,
                 KS1, KS2, DIL0, DIL1, DIL2, n_heads, qk_scale, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0,
                 STRIDE1, STRIDE2, TQ0, TQ1, TQ2, TK0, TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO,
-                SHIFT_MAX, POS_SCALE, flagged)
+                SHIFT_MAX, POS_SCALE, WIDE, flagged)
     else:
-        pid_t = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        pid_g = tl.program_id(2)
-        flat_pid = pid_t + tl.num_programs(0) * (pid_bh + tl.num_programs(1) * pid_g)
+        if FLAT:
+            flat_pid = tl.program_id(0)
+            pid_t = flat_pid % grid_t
+            pid_bh = (flat_pid // grid_t) % grid_bh
+            pid_g = flat_pid // (grid_t * grid_bh)
+        else:
+            pid_t = tl.program_id(0)
+            pid_bh = tl.program_id(1)
+            pid_g = tl.program_id(2)
+            flat_pid = pid_t + tl.num_programs(0) * (pid_bh + tl.num_programs(1) * pid_g)
         if REDO:
-            if tl.load(FLAGS + flat_pid) == 0:
+            if tl.load(FLAGS + flat_pid) != REDO:
                 return
         _na_tile(
             pid_t, pid_bh, pid_g, flat_pid, Q, K, V, Out, KNORM, FLAGS, sqb, sqh, sq0, sq1, sq2, skb, skh, sk0,
             sk1, sk2, svb, svh, sv0, sv1, sv2, sob, soh, so0, so1, so2, L0, L1, L2, KS0, KS1, KS2, DIL0, DIL1,
             DIL2, n_heads, qk_scale, CAUSAL0, CAUSAL1, CAUSAL2, STRIDE0, STRIDE1, STRIDE2, TQ0, TQ1, TQ2, TK0,
-            TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO, SHIFT_MAX, POS_SCALE)
+            TK1, TK2, HEAD_DIM, HEAD_PAD, TMA, SHIFT, REDO, SHIFT_MAX, POS_SCALE, WIDE)
