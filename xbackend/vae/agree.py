@@ -126,7 +126,7 @@ def require_same(link: GroupLink, items: Mapping[str, Any], *, label: str, hint:
             mine[i] = s
     gathered = [torch.empty_like(mine) for _ in range(link.world)]
     link.all_gather(gathered, mine)
-    rows = [tuple(g.cpu().tolist()) for g in gathered]
+    rows = [tuple(row) for row in torch.stack(gathered).cpu().tolist()]
     if len(set(rows)) == 1:
         return
     names = list(items)
@@ -142,7 +142,7 @@ def require_same(link: GroupLink, items: Mapping[str, Any], *, label: str, hint:
         text = f"{names[item]!r} ({aspect}"
         if describe is not None and aspect in shown[item]:
             text += ": " + ", ".join(
-                f"{describe[group[0]][item][aspect]} on {_ranks(group)}" for group in (reference, differing)
+                f"{describe[group[0]][item].get(aspect, '?')} on {_ranks(group)}" for group in (reference, differing)
             )
         return text + ")"
 
