@@ -22,8 +22,8 @@ What torch.distributed does on its own, and what this module adds (torch 2.13, g
   else the group's). NCCL's watchdog acts on its own at the group's timeout (by default it ends the
   process): a `timeout` shorter than the group's lets the exchange raise first.
 - Who failed: each rank notes in the group's store where it is in this call (at the input check,
-  decoding, or at the exchange); after a failure the others read it to name the ranks that never arrived. The store is a
-  courtesy: when it is unreachable (its host rank died) the message names no rank.
+  decoding, or at the exchange); after a failure the others read it to name the ranks that never
+  arrived. The store is a courtesy: when it is unreachable (its host rank died) the message names no rank.
 
 After a failed collective the group is unusable on every rank: destroy it (`dist.destroy_process_group`)
 and create a new one, or exit. A failure the ranks agree on (one rank's decode raised, and every rank
