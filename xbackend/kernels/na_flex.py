@@ -16,6 +16,16 @@ two groups and a group's windows are contiguous in the permuted coordinate.
 Padding: axes are padded to ``d * round_up(ceil(L / d), t)``. Padded keys are outside every
 window; padded queries borrow the window of the last real query of their group (their output is
 discarded), which keeps tile bounds monotone and never turns a full block partial.
+
+Non-finite values in V: flex multiplies every key of a partial block by its probability, 0 outside a
+query's window, and 0 * inf is NaN. So flex runs on V with its non-finite values zeroed, and two more
+flex calls over 0/1 indicators of V's +inf (or NaN) and -inf (or NaN) values, p-weighted, say where a
+key of the window with p > 0 brings one: those are added back (+inf, -inf, NaN for both), the
+reference's values. The indicator calls' block mask is multiplied on the device by "V holds a
+non-finite value", so where it holds none they walk no block (no host synchronisation: the call stays
+capturable in a CUDA graph). Not restored: an in-window infinite value whose probability underflows
+to 0 (the reference's 0 * inf = NaN; here the finite sum), which needs a score ~100 nats below its
+row's maximum.
 """
 
 from __future__ import annotations
@@ -463,10 +473,41 @@ def neighborhood_attention(
     qt, kt, vt = (_to_tiles(t, axes) for t in (q, k, v))
     if not compiled or torch.compiler.is_compiling():
         # Under an outer torch.compile, Dynamo traces flex_attention into the caller's graph.
-        o = flex_attention(qt, kt, vt, block_mask=block_mask, scale=scale, kernel_options=kernel_options)
+        flex = flex_attention
     else:
-        # Every new shape is a recompile of the one compiled function; past Dynamo's default limit
-        # (8) it would silently fall back to eager flex, which materialises dense scores.
-        with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
-            o = _compiled_flex()(qt, kt, vt, block_mask=block_mask, scale=scale, kernel_options=kernel_options)
-    return _from_tiles(o, axes, q)
+        flex = _recompiling_flex
+    bad = ~vt.isfinite()
+    nan = vt.isnan()
+    o = flex(qt, kt, vt.masked_fill(bad, 0.0), block_mask=block_mask, scale=scale, kernel_options=kernel_options)
+    # Where V holds no inf or NaN the indicator calls' blocks are zeroed: they walk nothing.
+    gated = _gated(block_mask, bad.any())
+    up = flex(qt, kt, (vt.isposinf() | nan).to(vt.dtype), block_mask=gated, scale=scale, kernel_options=kernel_options)
+    down = flex(qt, kt, (vt.isneginf() | nan).to(vt.dtype), block_mask=gated, scale=scale,
+                kernel_options=kernel_options)
+    return _from_tiles(o + _special(up > 0, down > 0, o.dtype), axes, q)
+
+
+def _recompiling_flex(*args: Any, **kwargs: Any) -> torch.Tensor:
+    # Every new shape is a recompile of the one compiled function; past Dynamo's default limit (8) it
+    # would silently fall back to eager flex, which materialises dense scores.
+    with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+        return _compiled_flex()(*args, **kwargs)
+
+
+def _gated(mask: BlockMask, gate: torch.Tensor) -> BlockMask:
+    """``mask`` with its block counts multiplied by ``gate`` (a 0-d bool tensor, read on the device)."""
+    gate = gate.to(mask.kv_num_blocks.dtype)
+    full = mask.full_kv_num_blocks
+    kwargs: dict[str, Any] = {"seq_lengths": mask.seq_lengths}
+    if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        kwargs["compute_q_blocks"] = False  # as _from_kv_blocks: no dense Q-major table
+    return BlockMask.from_kv_blocks(mask.kv_num_blocks * gate, mask.kv_indices,
+                                    None if full is None else full * gate, mask.full_kv_indices,
+                                    BLOCK_SIZE=mask.BLOCK_SIZE, mask_mod=mask.mask_mod, **kwargs)
+
+
+def _special(up: torch.Tensor, down: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where neither indicator holds, +inf for ``up``, -inf for ``down``, NaN for both: added to a
+    finite attention output, the IEEE sum over the window's keys that the reference computes."""
+    inf = torch.tensor(float("inf"), dtype=dtype, device=up.device)
+    return torch.where(up, inf, 0.0).to(dtype) + torch.where(down, -inf, 0.0).to(dtype)

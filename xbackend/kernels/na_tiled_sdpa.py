@@ -12,6 +12,13 @@ the box arithmetic stay one-dimensional and monotone.
 Layout is heads-last ``[B, *spatial, heads, head_dim]`` with 1 to 3 spatial dims; the window rule
 per axis is NATTEN's: ``start = clamp(i - k//2, 0, L - k)``, ``end = start + k``; causal axes take
 the last ``k`` positions ``j <= i``.
+
+Non-finite keys and values: SDPA applies a boolean mask by adding -inf (an infinite score of a key
+outside the window is then inf - inf = NaN) and multiplies every key of the box by its probability
+(0 * inf = NaN for a value outside the window). A call whose K or V holds an inf or a NaN (one check,
+one device synchronisation a call) computes each chunk by ``_safe_chunk`` instead, the reference's
+semantics: masked scores selected, not added, and V's non-finite values zeroed for p.v and restored
+where an in-window key holds one.
 """
 
 from __future__ import annotations
@@ -118,6 +125,26 @@ def _box_mask(masks: list[torch.Tensor]) -> torch.Tensor:
     return full.reshape(nq, nk)
 
 
+def _safe_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """One chunk's attention ``[b, h, nq, d]`` (fp32) where K or V may hold an inf or a NaN, as the
+    reference computes it over each query's window: scores outside it are -inf by selection (never
+    added to an infinite score), p.v runs over V with its non-finite values zeroed (a key outside a
+    window adds exact zeros), and 0/1 products over the window restore what the reference's sum has
+    there: NaN from a NaN value or from an infinite one whose probability is 0, +inf from +inf with
+    p > 0, -inf likewise, NaN from both."""
+    q, k, v = q.float(), k.float(), v.float()
+    p = torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), dim=-1)
+    bad = ~v.isfinite()
+    nan = v.isnan()
+    kept = (p > 0).float()
+    lost = (mask & (p == 0)).float()  # in the window, probability 0: 0 * inf is NaN
+    up = kept @ (v.isposinf() | nan).float() + lost @ bad.float()
+    down = kept @ (v.isneginf() | nan).float() + lost @ bad.float()
+    special = torch.where((up > 0) & (down > 0), float("nan"),
+                          torch.where(up > 0, float("inf"), torch.where(down > 0, float("-inf"), 0.0)))
+    return p @ v.masked_fill(bad, 0.0) + special
+
+
 def _undilated(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -129,6 +156,7 @@ def _undilated(
     budget: int,
     compute_dtype: torch.dtype,
     stride: tuple[int, ...],
+    safe: bool = False,
 ) -> None:
     b, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
     lengths = list(q.shape[1:-2])
@@ -151,7 +179,10 @@ def _undilated(
         qc = qs.reshape(b, -1, heads, dim).transpose(1, 2).to(compute_dtype)
         kc = k[(slice(None), *k_sl)].reshape(b, -1, heads, dim).transpose(1, 2).to(compute_dtype)
         vc = v[(slice(None), *k_sl)].reshape(b, -1, heads, dim).transpose(1, 2).to(compute_dtype)
-        oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_box_mask(masks), scale=scale)
+        if safe:
+            oc = _safe_chunk(qc, kc, vc, _box_mask(masks), scale)
+        else:
+            oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=_box_mask(masks), scale=scale)
         out[(slice(None), *q_sl)] = oc.transpose(1, 2).reshape(q_shape).to(out.dtype)
 
 
@@ -183,10 +214,12 @@ def neighborhood_attention(
     if upcast is None:
         upcast = q.device.type == "cpu"
     compute_dtype = torch.float32 if upcast and q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    # Any inf or NaN in K or V (one pass over each, one synchronisation): every chunk takes _safe_chunk.
+    safe = not bool(torch.isfinite(k).all() & torch.isfinite(v).all())
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     groups = [range(d) for d in dilation]
     for g in itertools.product(*groups):
         sl = (slice(None), *(slice(gi, None, d) for gi, d in zip(g, dilation, strict=True)))
         _undilated(q[sl], k[sl], v[sl], out[sl], tuple(kernel_size), tuple(is_causal), scale,
-                   max_chunk_elems, compute_dtype, tuple(stride or (1,) * len(kernel_size)))
+                   max_chunk_elems, compute_dtype, tuple(stride or (1,) * len(kernel_size)), safe)
     return out

@@ -1,0 +1,214 @@
+"""A non-finite value in V reaches exactly the queries whose window holds its key, in every NA impl.
+
+The op's reference gathers each query's own window, so a key outside a query's window never meets that
+query's probabilities. The fused kernels multiply a tile's whole key box (p = 0 for keys outside a
+query's window) and SDPA / flex multiply every key of their box or block: 0 * inf would be NaN there.
+Each impl must give NaN, +inf and -inf at exactly the reference's positions (the guard's tolerance rule:
+non-finite values where the reference has them, finite elsewhere) and the reference's values elsewhere.
+
+CPU: na_triton under Triton's interpreter (its online launch, its shift launch on pointer and TMA tiles,
+loose-bound tiles through the online redo, REDO programs of several tiles, a negative scale, a padded
+head dim), na_tiled_sdpa and eager na_flex. GPU: na_sm90, na_gluon (64- and 128-query tiles), na_triton
+forced and through ``get_op``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from test_na_kernels import _axis_allowed, _patch_triton_interpreter_index, make_qkv
+
+from xbackend.kernels import na_flex, na_tiled_sdpa
+from xbackend.ops.neighborhood_attention import reference as op_reference
+
+# (tensor, value, batch, token (spatial index), head, column) to poison: V's infinities and NaN, a +inf
+# and a -inf key of V close enough that some windows hold both (NaN there: +inf + -inf), and an
+# infinite key (its score is infinite: NaN rows where a window holds it, as the reference's softmax).
+_POISON = {
+    "+inf": [("v", float("inf"), 0, (2, 4, 5), 1, 3)],
+    "-inf": [("v", float("-inf"), 0, (0, 8, 9), 0, 0)],
+    "NaN": [("v", float("nan"), 0, (5, 0, 2), 1, 7)],
+    "+inf and -inf": [("v", float("inf"), 0, (3, 4, 4), 0, 5), ("v", float("-inf"), 0, (3, 5, 6), 0, 5)],
+    "k +inf": [("k", float("inf"), 0, (4, 6, 3), 0, 2)],
+}
+
+
+def poisoned(spatial, heads, dim, dtype, which: str, seed: int = 61, device: str = "cpu"):
+    """q, k, v of ``make_qkv`` with ``_POISON[which]`` planted (token coordinates clipped to the grid,
+    so 1-D and 2-D grids take the trailing coordinates)."""
+    q, k, v = make_qkv(spatial, heads, dim, dtype, seed=seed, device=device)
+    for name, value, b, token, h, col in _POISON[which]:
+        at = tuple(min(c, n - 1) for c, n in zip(token[-len(spatial):], spatial, strict=True))
+        {"k": k, "v": v}[name][(b, *at, h, col % dim)] = value
+    return q, k, v
+
+
+def window_rows(spatial, kernel, dil, causal, stride, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[B, tokens, heads] bool: the query's window (the op's rule, literally, from test_na_kernels)
+    holds a key whose K or V row has a non-finite value in that head."""
+    n = len(spatial)
+    mask = None
+    for a, length in enumerate(spatial):
+        m = _axis_allowed(length, kernel[a], dil[a], causal[a], stride[a])
+        shape = [1] * (2 * n)
+        shape[a], shape[n + a] = length, length
+        mask = m.view(shape) if mask is None else mask & m.view(shape)
+    tokens = math.prod(spatial)
+    allowed = mask.reshape(tokens, tokens).float()
+    bad = (~(k.float() + v.float()).isfinite()).any(-1).reshape(v.shape[0], tokens, v.shape[-2]).float()
+    return torch.einsum("qk,bkh->bqh", allowed, bad) > 0
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float, int]:
+    """(NaN, +inf and -inf at exactly the reference's positions, relative error over the finite rest,
+    output rows with a non-finite value)."""
+    out, ref = out.float(), ref.float()
+    same = (torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isposinf(), ref.isposinf())
+            and torch.equal(out.isneginf(), ref.isneginf()))
+    fin = ref.isfinite() & out.isfinite()
+    err = float((out[fin] - ref[fin]).norm() / ref[fin].norm())
+    return same, err, int((~out.isfinite()).any(-1).sum())
+
+
+def _interpreted(name: str) -> list:
+    """``name()`` of this module under Triton's interpreter: here when TRITON_INTERPRET=1 (the repository
+    conftest sets it on a host without CUDA), else in a fresh process with it."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return globals()[name]()
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import json, {__name__.rsplit('.', 1)[-1]} as m;"
+            f"print(json.dumps(m.{name}()))")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def _patched(module, **values):
+    saved = {name: getattr(module, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+# na_triton's launch forms on the CPU: (name, spatial, kernel, dilation, causal, stride, head_dim, tiles
+# or None (config_for's), tma, shift, q factor, scale, chunked REDO programs).
+_TRITON_FORMS = [
+    ("online, pointer tiles", (6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1), 32, None, False, False,
+     1.0, None, False),
+    ("online, 2-D dilated causal", (9, 11), (3, 5), (2, 1), (True, False), (1, 1), 32, ((1, 4, 4), (1, 2, 8)),
+     False, False, 1.0, None, False),
+    ("shift, pointer tiles", (6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1), 32, None, False, True,
+     1.0, None, False),
+    ("shift, TMA tiles", (6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1), 32, None, True, True,
+     1.0, None, False),
+    ("shift, loose bounds (online redo)", (6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1), 32, None,
+     True, True, 60.0, None, False),
+    ("shift, loose bounds, chunked REDO", (6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1), 32, None,
+     True, True, 60.0, None, True),
+    ("online, scale < 0, strided", (6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (3, 2, 2), 32, None, False,
+     False, 1.0, -0.2, False),
+    ("shift, head_dim 80 (padded)", (6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1), 80, None, False,
+     True, 1.0, None, False),
+]
+
+
+_EVERY_POISON = ("online, pointer tiles", "shift, TMA tiles")
+
+
+def triton_nonfinite_rows() -> list[list]:
+    """[form, poison, specials at the reference's positions, finite error, non-finite rows, expected rows]
+    for na_triton; needs TRITON_INTERPRET=1 at import."""
+    _patch_triton_interpreter_index()
+    from xbackend.kernels import na_triton
+
+    rows = []
+    for name, spatial, kernel, dil, causal, stride, dim, tiles, tma, shift, q_factor, scale, chunked in _TRITON_FORMS:
+        # Every poison on the plain online and shift launches, the two that mix most elsewhere (the
+        # interpreter takes seconds a call).
+        for which in _POISON if name in _EVERY_POISON else ("NaN", "+inf and -inf"):
+            q, k, v = poisoned(spatial, 2, dim, torch.float32, which)
+            q = q * q_factor
+            if tiles is None:
+                cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, dil, causal, stride), num_stages=1)
+            else:
+                cfg = na_triton.NAConfig(tiles[0], tiles[1], 4, 1)
+            cfg = dataclasses.replace(cfg, tma=tma, shift=shift)
+            chunks = {"REDO_CHUNK_MAX": 8, "REDO_MIN_PROGRAMS": 1} if chunked else {}
+            with _patched(na_triton, **chunks):
+                out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
+            ref = op_reference(q.double(), k.double(), v.double(), kernel, dil, causal, scale, stride)
+            rows.append([name, which, *compare(out, ref), int((~ref.isfinite()).any(-1).sum())])
+    return rows
+
+
+def test_na_triton_non_finite_v_reaches_only_its_windows():
+    rows = _interpreted("triton_nonfinite_rows")
+    assert len(rows) == len(_EVERY_POISON) * len(_POISON) + (len(_TRITON_FORMS) - len(_EVERY_POISON)) * 2
+    for name, which, same, err, got, expected in rows:
+        assert same and got == expected and err < 1e-5, (name, which, same, err, got, expected)
+
+
+def test_the_reference_is_non_finite_exactly_where_a_window_holds_the_key():
+    """The premise: the op's reference (each query's own window gathered) has a non-finite output row
+    exactly where the literal window rule puts a poisoned value in the query's window, and only there
+    for an infinite key (whose score is -inf, a finite row, where q.k is negative)."""
+    for spatial, kernel, dil, causal, stride in [((6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1)),
+                                                 ((9, 11), (3, 5), (2, 1), (True, False), (1, 1)),
+                                                 ((6, 9, 10), (3, 5, 4), (1, 2, 1), (False, True, False), (3, 2, 2))]:
+        for which in _POISON:
+            q, k, v = poisoned(spatial, 2, 16, torch.float32, which)
+            ref = op_reference(q, k, v, kernel, dil, causal, None, stride)
+            rows = (~ref.isfinite()).any(-1).reshape(v.shape[0], -1, v.shape[-2])
+            windows = window_rows(spatial, kernel, dil, causal, stride, k, v)
+            if which.startswith("k "):
+                assert not (rows & ~windows).any() and 0 < int(rows.sum()) < int(windows.sum()), (spatial, which)
+            else:
+                assert torch.equal(rows, windows), (spatial, which)
+            assert 0 < int(rows.sum()) < rows.numel()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", list(_POISON))
+@pytest.mark.parametrize(("spatial", "kernel", "dil", "causal", "stride"), [
+    ((6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1)),
+    ((9, 11), (3, 5), (2, 1), (True, False), (1, 1)),
+    ((6, 9, 10), (3, 5, 4), (1, 2, 1), (False, True, False), (3, 2, 2)),
+])
+def test_tiled_sdpa_non_finite_v_reaches_only_its_windows(spatial, kernel, dil, causal, stride, which, dtype):
+    q, k, v = poisoned(spatial, 2, 16, dtype, which)
+    ref = op_reference(q.double(), k.double(), v.double(), kernel, dil, causal, None, stride)
+    # A small chunk budget: many chunks, and key boxes that hold a poisoned key outside most windows.
+    out = na_tiled_sdpa.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride, max_chunk_elems=4096)
+    same, err, got = compare(out, ref)
+    assert same and got > 0, (which, got)
+    assert err < (1e-5 if dtype == torch.float32 else 5e-3), err
+
+
+@pytest.mark.parametrize("which", list(_POISON))
+@pytest.mark.parametrize(("spatial", "kernel", "dil", "causal", "stride", "tile"), [
+    ((6, 9, 10), (3, 5, 4), (1, 1, 1), (False,) * 3, (1, 1, 1), (2, 4, 4)),
+    ((9, 11), (3, 5), (2, 1), (True, False), (1, 1), (4, 8)),
+])
+def test_flex_non_finite_v_reaches_only_its_windows(spatial, kernel, dil, causal, stride, tile, which):
+    q, k, v = poisoned(spatial, 2, 16, torch.float32, which)
+    ref = op_reference(q.double(), k.double(), v.double(), kernel, dil, causal, None, stride)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+        out = na_flex.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride, tile=tile, compiled=False)
+    same, err, got = compare(out, ref)
+    assert same and got > 0, (which, got)
+    assert err < 1e-5, err
