@@ -212,3 +212,112 @@ def test_flex_non_finite_v_reaches_only_its_windows(spatial, kernel, dil, causal
     same, err, got = compare(out, ref)
     assert same and got > 0, (which, got)
     assert err < 1e-5, err
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _gpu_case(spatial, heads, dim, which, kernel, seed=71):
+    """bf16 q, k, v on the GPU with ``_POISON[which]`` and the op's reference (computed in float64)."""
+    q, k, v = poisoned(spatial, heads, dim, torch.float32, which, seed=seed)
+    q, k, v = (t.to("cuda", torch.bfloat16) for t in (q, k, v))
+    n = len(spatial)
+    ref = op_reference(q.double(), k.double(), v.double(), kernel, (1,) * n, (False,) * n, None)
+    return q, k, v, ref
+
+
+def _check(out, ref, label):
+    same, err, got = compare(out, ref)
+    assert same and got > 0 and err < 5e-3, (label, same, err, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("which", list(_POISON))
+def test_gpu_na_sm90_flags_non_finite_tiles_for_the_safe_walk(which, monkeypatch):
+    """na_sm90's shift launch (4 x 4 x 4 tiles, windows up to 11, ragged tiles): a tile whose
+    accumulator ends non-finite is flagged 2 and redone by na_triton's safe walk."""
+    from xbackend.kernels import na_sm90, na_triton
+
+    assert na_sm90.available() is None, na_sm90.build_log()
+    monkeypatch.setenv(na_sm90.SWITCH, "1")
+    monkeypatch.setattr(na_sm90, "pays", lambda *a: None)
+    flags = []
+    launch = na_sm90.shift_launch
+    monkeypatch.setattr(na_sm90, "shift_launch", lambda *a: (flags.append(a[5]), launch(*a)))
+    for spatial, kernel in (((13, 17, 19), (11, 11, 11)), ((9, 10, 13), (3, 5, 11))):
+        q, k, v, ref = _gpu_case(spatial, 2, 64, which, kernel)
+        cfg = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3), q_tile=(4, 4, 4),
+                                  tma=True, shift=True)
+        out = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None, config=cfg)
+        assert flags, "na_triton did not take na_sm90's shift launch"
+        if which.startswith("k "):  # an infinite key: its head's bound is inf, its tiles go online (flag 1)
+            assert bool((flags[-1] == 1).any())
+        else:
+            assert bool((flags[-1] == 2).any())
+        _check(out, ref, (spatial, which))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("which", list(_POISON))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_na_gluon_non_finite(which, head_dim, monkeypatch):
+    """na_gluon's pipelined shift launch (64-query tiles) and the warp-specialized one (128-query)."""
+    from xbackend.kernels import na_triton
+
+    spatial, kernel = (10, 24, 24), (5, 9, 11)
+    q, k, v, ref = _gpu_case(spatial, 2, head_dim, which, kernel)
+    base = dataclasses.replace(na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3), pipelined=True)
+    tall = na_triton.choose_config(spatial, kernel, (1,) * 3, head_dim, block_m=128)
+    for cfg, ws in ((base, False), (dataclasses.replace(base, q_tile=tall.q_tile, kv_tile=tall.kv_tile), True)):
+        monkeypatch.setattr(na_triton, "WARP_SPECIALIZED", ws)
+        out = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None, config=cfg)
+        _check(out, ref, (which, head_dim, cfg.q_tile))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", list(_POISON))
+def test_gpu_na_triton_launch_forms_non_finite(which, monkeypatch):
+    """na_triton's own launches (na_sm90 off): the shift launch on the launch's TMA descriptors and on
+    pointer tiles, loose tiles through the online launch, the online launch alone, a 2-D window."""
+    from xbackend.kernels import na_sm90, na_triton
+
+    monkeypatch.setenv(na_sm90.SWITCH, "0")
+    spatial, kernel = (10, 24, 24), (5, 9, 11)
+    for q_factor in (1.0, 60.0):
+        q, k, v, ref = _gpu_case(spatial, 2, 64, which, kernel)
+        q = q * q_factor
+        ref = op_reference(q.double(), k.double(), v.double(), kernel, (1,) * 3, (False,) * 3, None)
+        base = na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3)
+        for cfg in (base, dataclasses.replace(base, tma=False), dataclasses.replace(base, tma=False, shift=False)):
+            out = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None, config=cfg)
+            _check(out, ref, (which, q_factor, cfg))
+    q, k, v, ref = _gpu_case((48, 40), 3, 128, which, (7, 9))
+    _check(na_triton.neighborhood_attention(q, k, v, (7, 9), (1, 1), (False, False), None), ref, (which, "2-D"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["+inf", "+inf and -inf", "NaN"])
+def test_gpu_get_op_and_forced_impls_non_finite(which):
+    """Through get_op (the guard verifies the first call, in which V already holds the value) and with
+    each NA impl forced: the DiffVAE stage-5 tile's layout at a smaller grid, one poisoned key."""
+    import xbackend
+    from xbackend.testing import fresh_runtime
+
+    op = xbackend.get_op("neighborhood_attention")
+    spatial, kernel = (12, 24, 24), (11, 11, 11)
+    q, k, v, ref = _gpu_case(spatial, 4, 64, which, kernel)
+    args = (kernel, (1, 1, 1), (False,) * 3)
+    with fresh_runtime(autoload=True) as rt:  # a first call per key: the guard verifies it
+        _check(op(q, k, v, *args), ref, (which, "get_op"))
+        ran = [(e.impl, e.status) for e in rt.events]
+        assert ran and ran[-1] == ("cuda:na_triton", "verified"), ran
+        for impl in ("na_triton", "na_flex", "na_tiled_sdpa"):
+            with xbackend.use(neighborhood_attention=impl):
+                _check(op(q, k, v, *args), ref, (which, impl))
+            assert rt.events[-1].status == "verified", (impl, rt.events[-1])
