@@ -99,6 +99,15 @@ def test_wide_views_index_in_64_bits():
 # ---------------------------------------------------------------- GPU
 
 
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    """These tests hold 5-20 GiB each: give it back to the device after each, so the other workers of
+    a parallel run (pytest -n) can allocate theirs."""
+    yield
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _sample_error(out: torch.Tensor, q, k, v, kernel, seed: int = 0) -> float:
     """Relative Frobenius error of ``out`` against an fp32 softmax over each sampled query's window
     (the op's ``axis_windows``; no dilation, stride or causal axis), for 2048 random queries and the
