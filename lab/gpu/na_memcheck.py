@@ -8,7 +8,7 @@ the results.
 
     python3 lab/gpu/na_memcheck.py          # once without the sanitizer: builds na_sm90, fills Triton's cache
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 1 \\
-        python3 lab/gpu/na_memcheck.py
+        python3 lab/gpu/na_memcheck.py [sm90,triton,views,grid]   # the sections to run (default: all)
 
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives each tensor its own allocation, so a read past one is an error
 rather than a read of a neighbour in the caching allocator's block.
@@ -63,13 +63,14 @@ def call(q, k, v, kernel, cfg, stride=None):
 
 def main() -> int:
     start = time.perf_counter()
+    sections = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else {"sm90", "triton", "views", "grid"}
     results = []
     # na_sm90: every window 1-11 on ragged extents (the axes one to three keys past the window), batch 2
     # at window 11, a tile set loose (the online launch), an inf in V (the safe walk).
     sm90 = torch.cuda.get_device_capability() == (9, 0) and na_sm90.available() is None
     print(f"na_sm90 {'on' if sm90 else 'unavailable: ' + str(na_sm90.available())}", flush=True)
     na_sm90.pays = lambda *_: None  # every shape through the kernel, paying or not: this checks its memory use
-    for w in range(1, 12):
+    for w in range(1, 12) if "sm90" in sections else ():
         spatial = (w + 1, w + 2, w + 3)
         batch = 2 if w == 11 else 1
         poison = (5, 3, float("inf")) if w in (5, 11) else None
@@ -85,7 +86,7 @@ def main() -> int:
     na_sm90.takes = lambda *_: False  # na_triton's own shift launches from here
     # na_triton: the shift launch on the launch's TMA descriptors and on pointer tiles, the online launch
     # alone; ragged extents, loose tiles, an inf and a NaN in V.
-    for head_dim in (64, 128):
+    for head_dim in (64, 128) if "triton" in sections else ():
         q, k, v = qkv((2, 9, 13, 19, 3, head_dim), seed=20, poison=(700, 7, float("nan")))
         q[:, :1] *= 60.0
         kernel = (5, 7, 9)
@@ -102,6 +103,8 @@ def main() -> int:
             results.append(check(f"{name} head_dim {head_dim}", call(q, k, v, kernel, cfg), q, k, v, kernel))
     # A permuted view (heads-first memory, heads-last shape) and a view one element off alignment.
     kernel = (3, 5, 7)
+    if "views" not in sections:
+        return _grid(sections, results, start)
     g = torch.Generator(device="cuda").manual_seed(30)
     heads_first = [torch.randn(1, 3, 7, 10, 11, 64, generator=g, device="cuda").bfloat16().permute(0, 2, 3, 4, 1, 5)
                    for _ in range(3)]
@@ -113,13 +116,19 @@ def main() -> int:
     assert not na_triton.tma_layout_ok(off)
     results.append(check("misaligned view (pointer tiles)", call(off, *heads_first[1:], kernel, cfg), off,
                          *heads_first[1:], kernel))
+    return _grid(sections, results, start)
+
+
+def _grid(sections: set[str], results: list[bool], start: float) -> int:
     # batch x heads = 65536: one program a tile on a 1-D grid (CUDA's second grid axis stops at 65535),
-    # the online launch alone and the shift launch with its chunked online and safe launches.
-    q, k, v = qkv((256, 2, 2, 4, 256, 32), seed=40, poison=(12345, 1, float("inf")))
-    kernel = (1, 1, 3)
-    base = na_triton.config_for(q.shape, kernel, (1,) * 3, PLAIN[0])
-    for name, cfg in (("online", base), ("shift", dataclasses.replace(base, tma=True, shift=True))):
-        results.append(check(f"batch x heads 65536, {name}", call(q, k, v, kernel, cfg), q, k, v, kernel))
+    # the online launch alone and the shift launch (its key-norm pass too) with its chunked online and
+    # safe launches.
+    if "grid" in sections:
+        q, k, v = qkv((256, 2, 2, 4, 256, 32), seed=40, poison=(12345, 1, float("inf")))
+        kernel = (1, 1, 3)
+        base = na_triton.config_for(q.shape, kernel, (1,) * 3, PLAIN[0])
+        for name, cfg in (("online", base), ("shift", dataclasses.replace(base, tma=True, shift=True))):
+            results.append(check(f"batch x heads 65536, {name}", call(q, k, v, kernel, cfg), q, k, v, kernel))
     print(f"{sum(results)} of {len(results)} ok in {time.perf_counter() - start:.0f} s")
     return 0 if all(results) else 1
 

@@ -87,3 +87,14 @@ def test_rejects_what_it_cannot_read():
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty(device):
     assert max_key_norm(torch.empty((1, 0, 3, 3, 2, 64), device=device)).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_x_heads_past_the_grids_second_axis(device, monkeypatch):
+    """More (batch, head) pairs than a grid's second axis holds (65535; lowered to 2 here) take a 1-D grid
+    of the same programs: the same norms."""
+    from xbackend.kernels import key_norm
+
+    k3 = _keys((2, 3, 5, 7, 3, 64), torch.float32, device, seed=5)
+    monkeypatch.setattr(key_norm, "GRID_Y_MAX", 2)
+    torch.testing.assert_close(max_key_norm(k3), _expected(k3), rtol=2e-6, atol=0)

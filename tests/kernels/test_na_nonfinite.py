@@ -150,7 +150,7 @@ def triton_nonfinite_rows() -> list[list]:
             chunks = {"REDO_CHUNK_MAX": 8, "REDO_MIN_PROGRAMS": 1} if chunked else {}
             with _patched(na_triton, **chunks):
                 out = na_triton.neighborhood_attention(q, k, v, kernel, dil, causal, scale, stride, config=cfg)
-            ref = op_reference(q.double(), k.double(), v.double(), kernel, dil, causal, scale, stride)
+            ref = op_reference(q, k, v, kernel, dil, causal, scale, stride)
             rows.append([name, which, *compare(out, ref), int((~ref.isfinite()).any(-1).sum())])
     return rows
 
@@ -190,7 +190,7 @@ def test_the_reference_is_non_finite_exactly_where_a_window_holds_the_key():
 ])
 def test_tiled_sdpa_non_finite_v_reaches_only_its_windows(spatial, kernel, dil, causal, stride, which, dtype):
     q, k, v = poisoned(spatial, 2, 16, dtype, which)
-    ref = op_reference(q.double(), k.double(), v.double(), kernel, dil, causal, None, stride)
+    ref = op_reference(q.float(), k.float(), v.float(), kernel, dil, causal, None, stride)
     # A small chunk budget: many chunks, and key boxes that hold a poisoned key outside most windows.
     out = na_tiled_sdpa.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride, max_chunk_elems=4096)
     same, err, got = compare(out, ref)
@@ -205,7 +205,7 @@ def test_tiled_sdpa_non_finite_v_reaches_only_its_windows(spatial, kernel, dil, 
 ])
 def test_flex_non_finite_v_reaches_only_its_windows(spatial, kernel, dil, causal, stride, tile, which):
     q, k, v = poisoned(spatial, 2, 16, torch.float32, which)
-    ref = op_reference(q.double(), k.double(), v.double(), kernel, dil, causal, None, stride)
+    ref = op_reference(q.float(), k.float(), v.float(), kernel, dil, causal, None, stride)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
         out = na_flex.neighborhood_attention(q, k, v, kernel, dil, causal, None, stride, tile=tile, compiled=False)
@@ -222,11 +222,11 @@ def _sm90() -> bool:
 
 
 def _gpu_case(spatial, heads, dim, which, kernel, seed=71):
-    """bf16 q, k, v on the GPU with ``_POISON[which]`` and the op's reference (computed in float64)."""
+    """bf16 q, k, v on the GPU with ``_POISON[which]`` and the op's reference (fp32, the guard's)."""
     q, k, v = poisoned(spatial, heads, dim, torch.float32, which, seed=seed)
     q, k, v = (t.to("cuda", torch.bfloat16) for t in (q, k, v))
     n = len(spatial)
-    ref = op_reference(q.double(), k.double(), v.double(), kernel, (1,) * n, (False,) * n, None)
+    ref = op_reference(q.float(), k.float(), v.float(), kernel, (1,) * n, (False,) * n, None)
     return q, k, v, ref
 
 
@@ -292,7 +292,7 @@ def test_gpu_na_triton_launch_forms_non_finite(which, monkeypatch):
     for q_factor in (1.0, 60.0):
         q, k, v, ref = _gpu_case(spatial, 2, 64, which, kernel)
         q = q * q_factor
-        ref = op_reference(q.double(), k.double(), v.double(), kernel, (1,) * 3, (False,) * 3, None)
+        ref = op_reference(q.float(), k.float(), v.float(), kernel, (1,) * 3, (False,) * 3, None)
         base = na_triton.config_for(q.shape, kernel, (1,) * 3, (False,) * 3)
         for cfg in (base, dataclasses.replace(base, tma=False), dataclasses.replace(base, tma=False, shift=False)):
             out = na_triton.neighborhood_attention(q, k, v, kernel, (1,) * 3, (False,) * 3, None, config=cfg)

@@ -19,13 +19,21 @@ __all__ = ["max_key_norm"]
 # for 708 MB, 3.7x torch's vector_norm + amax; 64 and 256 measured 2-6% slower there, 32 up to 30%;
 # lab/gpu/key_norm_bench.py).
 BLOCK_T = 128
+# CUDA's grid: 2**31 - 1 programs along its first axis, 65535 along its second; more (batch x heads)
+# take a 1-D grid.
+GRID_Y_MAX = 65535
 
 
 @triton.jit
 def _max_key_norm_kernel(K, OUT, n_heads, S1, S2, n_tok, skb, sk0, sk1, sk2, skh,
-                         HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
-    pid_t = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+                         HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                         FLAT: tl.constexpr = False, n_t=1):
+    if FLAT:  # a 1-D grid: batch x heads past the grid's second-axis limit (65535)
+        pid_t = tl.program_id(0) % n_t
+        pid_bh = tl.program_id(0) // n_t
+    else:
+        pid_t = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
     t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -58,9 +66,12 @@ def max_key_norm(k3: torch.Tensor) -> torch.Tensor:
     if n_tok == 0 or out.numel() == 0:
         return out
     st = k3.stride()
-    grid = (triton.cdiv(n_tok, BLOCK_T), batch * heads)
+    n_t = triton.cdiv(n_tok, BLOCK_T)
+    flat = batch * heads > GRID_Y_MAX
+    grid = (n_t * batch * heads,) if flat else (n_t, batch * heads)
     _max_key_norm_kernel[grid](k3, out, heads, s1, s2, n_tok, st[0], st[1], st[2], st[3], st[4],
                                HEAD_DIM=head_dim, HEAD_PAD=triton.next_power_of_2(head_dim), BLOCK_T=BLOCK_T,
+                               FLAT=flat, n_t=n_t,
                                # Pinned, as the attention launches it serves pin theirs: the sums' last bits
                                # (and so the shift) do not move with Triton's default (on in 3.6, where this
                                # was measured; off from 3.10).

@@ -299,21 +299,30 @@ def safe_loop(q, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2, k_base, v_base, 
     values zeroed, so a key outside a row's window (p = 0) adds exact zeros, and the non-finite values
     of keys inside it restored by 0/1 products, as the reference's sum over the window has them:
     NaN from a NaN value or from an infinite one whose probability is 0 (0 * inf), +inf from +inf with
-    p > 0, -inf likewise, NaN from both. Two passes over the key box (pointer loads): the exact row max
-    of the scores, then probabilities shifted by it (p > 0 decided against the row's true max, as the
-    reference's softmax decides it). Returns (acc / l plus the restored non-finite values)."""
+    p > 0, -inf likewise, NaN from both. Two passes over the key box (pointer loads): the row max and sum
+    of the scores (online), then probabilities shifted by the max. Whether a key's probability is 0 is
+    decided as the fp32 reference's softmax rounds it, 2**y / l < 2**-150 with y its shifted score and l
+    the row's sum, not by this walk's exp2 (the GPU's flushes results below 2**-126 to 0, 24 binades
+    earlier). Returns (acc / l plus the restored non-finite values)."""
     c0 = lo0
     c1 = lo1
     c2 = lo2
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_1 = tl.zeros([BLOCK_M], dtype=tl.float32)
     for _ in range(0, n_blocks):
         kb = load_block(k_base, k_base, c0, c1, c2, n0, n1, n2, hi0, hi1, hi2, ks0, ks1, ks2, offs_d,
                         HEAD_DIM, HEAD_PAD, BLOCK_N, 0)
         ok = window_ok(c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
                        CAUSAL0, CAUSAL1, CAUSAL2)
         s = tl.where(ok, tl.dot(q, tl.trans(kb)) * qk_scale, float("-inf"))
-        m_i = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # -inf - -inf is NaN: a row with no finite score yet keeps a zero sum.
+        alpha = tl.where(m_new == float("-inf"), 0.0, tl.math.exp2(m_i - m_new))
+        e = tl.where(s == float("-inf"), 0.0, tl.math.exp2(s - m_new[:, None]))
+        l_1 = l_1 * alpha + tl.sum(e, 1)
+        m_i = m_new
         c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
+    floor = tl.log2(l_1) - 150.0  # shifted scores below it: probability 0 in the fp32 reference
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     up = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # per column: an in-window +inf or NaN counts
     down = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # -inf or NaN
@@ -329,14 +338,16 @@ def safe_loop(q, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2, k_base, v_base, 
         ok = window_ok(c0, c1, c2, n0, n1, n2, qs0, qs1, qs2, qe0, qe1, qe2, KS0, KS1, KS2, TK0, TK1, TK2,
                        CAUSAL0, CAUSAL1, CAUSAL2)
         s = tl.where(ok, tl.dot(q, tl.trans(kb)) * qk_scale, float("-inf"))
-        p = tl.math.exp2(s - m_i[:, None])
+        y = s - m_i[:, None]
+        p = tl.math.exp2(y)
         l_i = l_i + tl.sum(p, 1)
         nan_v = vb != vb
         bad = nan_v | (tl.abs(vb) == float("inf"))
         acc = tl.dot(p.to(vb.dtype), tl.where(bad, 0.0, vb).to(vb.dtype), acc)
         # 0/1 products (exact counts in fp32): which in-window keys bring which non-finite value.
-        kept = (p > 0).to(vb.dtype)
-        lost = (ok & (p == 0)).to(vb.dtype)  # in the window, probability 0: 0 * inf or 0 * NaN is NaN
+        live = ok & (y >= floor[:, None])
+        kept = live.to(vb.dtype)
+        lost = (ok & (live == 0)).to(vb.dtype)  # in the window, probability 0: 0 * inf or 0 * NaN is NaN
         bad01 = bad.to(vb.dtype)
         up = tl.dot(kept, ((vb == float("inf")) | nan_v).to(vb.dtype), up)
         up = tl.dot(lost, bad01, up)
