@@ -76,7 +76,7 @@ class Findings:
 @dataclass(frozen=True)
 class PatchOptions:
     """What one `patch` call asks of every site: the kinds to route and the process group a patched
-    DiffVAE ``tiled_decode`` spreads its tiles over (None: the default group when initialised)."""
+    DiffVAE ``tiled_decode`` spreads its tiles over (None: none, each rank decodes its own latent alone)."""
 
     kinds: frozenset[str]
     decode_group: Any = None
