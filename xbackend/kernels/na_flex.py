@@ -23,9 +23,9 @@ flex calls over 0/1 indicators of V's +inf (or NaN) and -inf (or NaN) values, p-
 key of the window with p > 0 brings one: those are added back (+inf, -inf, NaN for both), the
 reference's values. The indicator calls' block mask is multiplied on the device by "V holds a
 non-finite value", so where it holds none they walk no block (no host synchronisation: the call stays
-capturable in a CUDA graph). Not restored: an in-window infinite value whose probability underflows
-to 0 (the reference's 0 * inf = NaN; here the finite sum), which needs a score ~100 nats below its
-row's maximum.
+capturable in a CUDA graph). Not restored: an in-window infinite value whose probability flex's exp2
+flushes to 0 (below 2**-126, 87 nats under its row's maximum) where the fp32 reference's is still a
+subnormal (reference inf or NaN, here the finite sum or NaN).
 """
 
 from __future__ import annotations
@@ -471,11 +471,8 @@ def neighborhood_attention(
            tuple(stride or (1,) * len(spatial)))
     block_mask, axes = _cached_block_mask(key)
     qt, kt, vt = (_to_tiles(t, axes) for t in (q, k, v))
-    if not compiled or torch.compiler.is_compiling():
-        # Under an outer torch.compile, Dynamo traces flex_attention into the caller's graph.
-        flex = flex_attention
-    else:
-        flex = _recompiling_flex
+    # Under an outer torch.compile, Dynamo traces flex_attention into the caller's graph.
+    flex = flex_attention if not compiled or torch.compiler.is_compiling() else _recompiling_flex
     bad = ~vt.isfinite()
     nan = vt.isnan()
     o = flex(qt, kt, vt.masked_fill(bad, 0.0), block_mask=block_mask, scale=scale, kernel_options=kernel_options)
@@ -495,15 +492,12 @@ def _recompiling_flex(*args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 def _gated(mask: BlockMask, gate: torch.Tensor) -> BlockMask:
-    """``mask`` with its block counts multiplied by ``gate`` (a 0-d bool tensor, read on the device)."""
+    """``build_block_mask``'s ``mask`` with its block counts multiplied by ``gate`` (a 0-d bool tensor,
+    read on the device)."""
     gate = gate.to(mask.kv_num_blocks.dtype)
-    full = mask.full_kv_num_blocks
-    kwargs: dict[str, Any] = {"seq_lengths": mask.seq_lengths}
-    if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters:
-        kwargs["compute_q_blocks"] = False  # as _from_kv_blocks: no dense Q-major table
-    return BlockMask.from_kv_blocks(mask.kv_num_blocks * gate, mask.kv_indices,
-                                    None if full is None else full * gate, mask.full_kv_indices,
-                                    BLOCK_SIZE=mask.BLOCK_SIZE, mask_mod=mask.mask_mod, **kwargs)
+    lists = (mask.kv_num_blocks[0, 0] * gate, mask.kv_indices[0, 0], mask.full_kv_num_blocks[0, 0] * gate,
+             mask.full_kv_indices[0, 0])
+    return _from_kv_blocks(lists, mask.BLOCK_SIZE[0], mask.seq_lengths[0], mask.mask_mod, gate.device)
 
 
 def _special(up: torch.Tensor, down: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
