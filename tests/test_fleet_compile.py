@@ -69,10 +69,11 @@ def test_every_op_compiles_with_resources(rows, target, prefix, op):
 
 def test_neighborhood_attention_fused_kernel_on_sm90(rows):
     # The catalogue's 3-D head_dim-64 tile takes the score-bound shift: the key-norm pass, then the
-    # shift launch (na_sm90's CUDA C++ kernel on sm90, built by nvcc where this host has it) and the
-    # online launch for the tiles it flags.
+    # shift launch (na_sm90's CUDA C++ kernel on sm90, built by nvcc where this host has it), the
+    # online launch for the tiles it flags and the safe walk for tiles left with an inf or a NaN.
     every = [r for r in rows["h200"] if r["op"] == "neighborhood_attention" and r["chosen"] == "cuda:na_triton"]
-    assert [r["kernel"] for r in every] == ["_max_key_norm_kernel", "na_shift_sm90", "_na_fwd_kernel"], every
+    assert [r["kernel"] for r in every] == ["_max_key_norm_kernel", "na_shift_sm90", "_na_fwd_kernel",
+                                            "_na_fwd_kernel"], every
     assert every[1]["status"] in ("ok", "skipped: no nvcc"), every[1]
     found = _ok(rows["h200"], "neighborhood_attention", "cuda:na_triton")
     for r in found:
@@ -88,8 +89,9 @@ def test_strided_neighborhood_attention_compiles_on_sm90():
     (index,) = [i for i, s in enumerate(catalogue("neighborhood_attention")) if " s2x4x8" in s.label]
     rows = fc.compile_target("h200", simulated("h200"), [_plan("neighborhood_attention", "cuda:na_triton")],
                              shapes=[index])
-    # head_dim 128: the shift launch is na_gluon's pipelined kernel, its online launch na_triton's.
-    assert [row["kernel"] for row in rows] == ["_max_key_norm_kernel", "na_fwd_shift_kernel", "_na_fwd_kernel"], rows
+    # head_dim 128: the shift launch is na_gluon's pipelined kernel, its online and safe launches na_triton's.
+    assert [row["kernel"] for row in rows] == ["_max_key_norm_kernel", "na_fwd_shift_kernel", "_na_fwd_kernel",
+                                               "_na_fwd_kernel"], rows
     for row in rows:
         assert row["status"] == "ok" and row["problem"] == "", row
         assert row["spill_bytes"] == 0 and row["registers"] > 0 and "s2x4x8" in row["shape"]

@@ -230,7 +230,7 @@ def neighborhood_attention(
         one_d = redo and chunk > 1
         safe = redo == SAFE
         _na_fwd_kernel[(triton.cdiv(n_programs, chunk),) if one_d else (n_programs,) if flat else grid](
-            *(args if safe else targs),
+            *((*args[:-3], *_safe_kv_tile(config.kv_tile, 32 if head_pad <= 64 else 16)) if safe else targs),
             HEAD_DIM=head_dim,
             HEAD_PAD=head_pad,
             TMA=0 if safe else mode,  # the safe walk reads through pointers
@@ -244,8 +244,9 @@ def neighborhood_attention(
             n_programs=n_programs,
             grid_t=grid[0],
             grid_bh=grid[1],
-            # The safe walk holds three [BLOCK_M, HEAD_PAD] fp32 accumulators: at head_dim 128 with 4 warps
-            # it spills 1008 bytes a thread, with 8 warps 224 (sm90, Triton 3.9); at 64, 4 warps spill less.
+            # The safe walk holds an fp32 and two fp16 [BLOCK_M, HEAD_PAD] accumulators and several
+            # [BLOCK_M, BLOCK_N] masks: with 32-key blocks and 4 warps at head_dim <= 64, 16-key blocks and 8
+            # warps at 128, it does not spill (sm90, Triton 3.9; 64-key blocks spilled 88-224 bytes a thread).
             num_warps=8 if safe and head_pad >= 128 else 4 if safe else config.num_warps,
             num_stages=1 if safe else config.num_stages,
             # Contraction to FMA on: the H200 numbers above were measured under Triton 3.6's default, which
@@ -286,6 +287,17 @@ GRID_YZ_MAX = 65535
 # The flag values of a tile (``_na_fwd_kernel``'s REDO): left to the online walk, left to the safe walk.
 ONLINE = 1
 SAFE = 2
+
+
+def _safe_kv_tile(kv_tile: tuple[int, int, int], keys: int) -> tuple[int, int, int]:
+    """The safe walk's key blocks: the config's, its widest axis halved down to ``keys`` keys (any block
+    shape walks the same key box; smaller blocks keep its [BLOCK_M, BLOCK_N] masks and probabilities, of
+    which it holds several, in registers)."""
+    blocks = list(kv_tile)
+    while blocks[0] * blocks[1] * blocks[2] > keys:
+        widest = max(range(3), key=lambda a: (blocks[a], a))
+        blocks[widest] //= 2
+    return tuple(blocks)
 
 
 def _wide(dilation: tuple[int, int, int], *tensors: torch.Tensor) -> bool:

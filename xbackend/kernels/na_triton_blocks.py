@@ -324,8 +324,11 @@ def safe_loop(q, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2, k_base, v_base, 
         c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
     floor = tl.log2(l_1) - 150.0  # shifted scores below it: probability 0 in the fp32 reference
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
-    up = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # per column: an in-window +inf or NaN counts
-    down = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)  # -inf or NaN
+    # Per column, counts of in-window keys bringing +inf or NaN (up), -inf or NaN (down). Only "> 0" is
+    # read, which fp16 counts keep (non-negative terms: rounding or overflow to inf never gives 0), in
+    # half the registers of fp32 ones: the walk then does not spill at head_dim 128 (sm90).
+    up = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float16)
+    down = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float16)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     c0 = lo0
     c1 = lo1
@@ -346,13 +349,13 @@ def safe_loop(q, n_blocks, qk_scale, lo0, lo1, lo2, end1, end2, k_base, v_base, 
         acc = tl.dot(p.to(vb.dtype), tl.where(bad, 0.0, vb).to(vb.dtype), acc)
         # 0/1 products (exact counts in fp32): which in-window keys bring which non-finite value.
         live = ok & (y >= floor[:, None])
-        kept = live.to(vb.dtype)
-        lost = (ok & (live == 0)).to(vb.dtype)  # in the window, probability 0: 0 * inf or 0 * NaN is NaN
-        bad01 = bad.to(vb.dtype)
-        up = tl.dot(kept, ((vb == float("inf")) | nan_v).to(vb.dtype), up)
-        up = tl.dot(lost, bad01, up)
-        down = tl.dot(kept, ((vb == float("-inf")) | nan_v).to(vb.dtype), down)
-        down = tl.dot(lost, bad01, down)
+        kept = live.to(tl.float16)
+        lost = (ok & (live == 0)).to(tl.float16)  # in the window, probability 0: 0 * inf or 0 * NaN is NaN
+        bad01 = bad.to(tl.float16)
+        up = tl.dot(kept, ((vb == float("inf")) | nan_v).to(tl.float16), up, out_dtype=tl.float16)
+        up = tl.dot(lost, bad01, up, out_dtype=tl.float16)
+        down = tl.dot(kept, ((vb == float("-inf")) | nan_v).to(tl.float16), down, out_dtype=tl.float16)
+        down = tl.dot(lost, bad01, down, out_dtype=tl.float16)
         c0, c1, c2 = next_block(c0, c1, c2, lo1, lo2, end1, end2, TK0, TK1, TK2)
     # The finite part plus the restored value: IEEE addition gives NaN for NaN, +inf + -inf or a NaN
     # row (a NaN score), and the infinity itself over a finite sum.
