@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from xbackend.kernels import na_flex, na_tiled_sdpa
+from xbackend.kernels import na_flex, na_flex_tiles, na_tiled_sdpa
 
 Case = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]
 
@@ -634,7 +634,7 @@ def test_tiled_sdpa_gpu():
 def test_flex_packed_and_arithmetic_masks_agree(case: Case):
     spatial, kernel, dil, causal = case
     tile = FLEX_TILES[len(spatial)]
-    axes = [na_flex._axis(L, k, d, c, t) for L, k, d, c, t in zip(spatial, kernel, dil, causal, tile, strict=True)]
+    axes = [na_flex_tiles.axis(L, k, d, c, t) for L, k, d, c, t in zip(spatial, kernel, dil, causal, tile, strict=True)]
     tokens = math.prod(ax.padded for ax in axes)
     packed = na_flex._mask_mod_for(axes, torch.device("cpu"), packed=True)
     arith = na_flex._mask_mod_for(axes, torch.device("cpu"), packed=False)

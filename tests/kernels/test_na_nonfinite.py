@@ -321,3 +321,29 @@ def test_gpu_get_op_and_forced_impls_non_finite(which):
             with xbackend.use(neighborhood_attention=impl):
                 _check(op(q, k, v, *args), ref, (which, impl))
             assert rt.events[-1].status == "verified", (impl, rt.events[-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("which", ["none", *_POISON])
+def test_tiled_sdpa_captures_in_a_cuda_graph_without_a_synchronisation(which):
+    # Under capture the finiteness check (a synchronisation) would raise: every chunk takes the safe form.
+    if which == "none":
+        q, k, v = (t.to("cuda", torch.bfloat16) for t in make_qkv((6, 9, 10), 2, 16, torch.float32, seed=5))
+        n = 3
+        ref = op_reference(q.float(), k.float(), v.float(), (3, 5, 4), (1,) * n, (False,) * n, None)
+    else:
+        q, k, v, ref = _gpu_case((6, 9, 10), 2, 16, which, (3, 5, 4))
+
+    def call():
+        return na_tiled_sdpa.neighborhood_attention(q, k, v, (3, 5, 4), (1, 1, 1), (False,) * 3, None,
+                                                    max_chunk_elems=4096)
+
+    call()  # warm-up outside capture (allocator, SDPA's backend choice)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    same, err, _ = compare(out, ref)
+    assert same and err < 5e-3, (which, same, err)

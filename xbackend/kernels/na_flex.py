@@ -34,80 +34,27 @@ import functools
 import inspect
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from xbackend.kernels.na_tiled_sdpa import group_lengths, window_bounds
+from xbackend.kernels.na_flex_tiles import Axis, axis, axis_tile_ranges, choose_tile, choose_tile_cached, tile_cost
 
 __all__ = ["build_block_mask", "choose_tile", "clear_cache", "neighborhood_attention", "supports", "tile_cost"]
 
-_TILE_TOKENS = 128
 _CACHE_SIZE = 32
 _RECOMPILE_LIMIT = 64
-
-
-# ---------------------------------------------------------------- per-axis arithmetic
-
-
-@dataclass(frozen=True)
-class _Axis:
-    length: int  # L, original
-    dilation: int  # d
-    tile: int  # t
-    padded_group: int  # P: each group padded to P = round_up(ceil(L/d), t)
-    lo: torch.Tensor  # [d*P] window start per permuted query coordinate (permuted coords)
-    hi: torch.Tensor  # [d*P] window end (exclusive)
-
-    @property
-    def padded(self) -> int:
-        return self.dilation * self.padded_group
-
-    @property
-    def tiles(self) -> int:
-        return self.padded // self.tile
-
-
-def _axis(length: int, kernel: int, dilation: int, causal: bool, tile: int, stride: int = 1) -> _Axis:
-    gmax = -(-length // dilation)
-    pgroup = -(-gmax // tile) * tile
-    lo = torch.empty(dilation * pgroup, dtype=torch.int64)
-    hi = torch.empty_like(lo)
-    for g, glen in enumerate(group_lengths(length, dilation)):
-        s, e = window_bounds(glen, kernel, causal, stride=stride)
-        base = g * pgroup
-        lo[base : base + glen] = s + base
-        hi[base : base + glen] = e + base
-        # Padded queries copy the last real query's window (monotone bounds, no new partial blocks).
-        lo[base + glen : base + pgroup] = s[-1] + base
-        hi[base + glen : base + pgroup] = e[-1] + base
-    return _Axis(length, dilation, tile, pgroup, lo, hi)
-
-
-def _axis_tile_ranges(ax: _Axis) -> tuple[torch.Tensor, ...]:
-    """Per Q tile: touched KV tiles [a, b) and fully covered KV tiles [fa, fb) (tile indices)."""
-    t = ax.tile
-    lo = ax.lo.view(-1, t)
-    hi = ax.hi.view(-1, t)
-    # Bounds are monotone inside a tile, so the union of windows is [lo[first], hi[last]) and the
-    # intersection is [lo[last], hi[first]).
-    a = lo[:, 0] // t
-    b = -(-hi[:, -1] // t)
-    fa = -(-lo[:, -1] // t)
-    fb = torch.maximum(hi[:, 0] // t, fa)
-    return a, b, fa, fb
 
 
 # ---------------------------------------------------------------- block mask
 
 
-def _block_lists(axes: list[_Axis]) -> tuple[torch.Tensor, ...]:
+def _block_lists(axes: list[Axis]) -> tuple[torch.Tensor, ...]:
     """Compact per-Q-block lists of partial and full KV blocks (global block ids)."""
     n = len(axes)
-    ranges = [_axis_tile_ranges(ax) for ax in axes]
+    ranges = [axis_tile_ranges(ax) for ax in axes]
     spans = [int((b - a).max()) for a, b, _, _ in ranges]
     # Q blocks enumerate (groups..., tiles...) exactly like the token permutation does.
     groups = [ax.dilation for ax in axes]
@@ -157,7 +104,7 @@ def _compact(keep: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch
     return counts, idx
 
 
-def _decoder(axes: list[_Axis]):
+def _decoder(axes: list[Axis]):
     """Function mapping permuted token indices to per-axis permuted coordinates (group-major)."""
     n = len(axes)
     tiles = [ax.tile for ax in axes]
@@ -180,7 +127,7 @@ def _decoder(axes: list[_Axis]):
     return coords
 
 
-def _mask_mod_for(axes: list[_Axis], device: torch.device, packed: bool | None = None):
+def _mask_mod_for(axes: list[Axis], device: torch.device, packed: bool | None = None):
     """mask_mod over permuted token indices.
 
     ``packed`` (default when every axis coordinate fits its bit field): three int32 tables over the
@@ -270,14 +217,14 @@ def build_block_mask(
     device: torch.device,
     wide_indices: bool = False,
     stride: tuple[int, ...] | None = None,
-) -> tuple[BlockMask, list[_Axis]]:
+) -> tuple[BlockMask, list[Axis]]:
     """BlockMask over tile-permuted tokens, plus the per-axis layout used to permute them.
 
     Index tables are compact (as wide as the most KV blocks any Q block touches, plus one) unless
     ``wide_indices`` or the device is a CPU: then one column per KV block, like torch's own masks.
     """
     stride = stride or (1,) * len(spatial)
-    axes = [_axis(L, k, d, c, t, s)
+    axes = [axis(L, k, d, c, t, s)
             for L, k, d, c, t, s in zip(spatial, kernel_size, dilation, is_causal, tile, stride, strict=True)]
     lists = _block_lists(axes)
     vol = math.prod(tile)
@@ -291,10 +238,10 @@ def build_block_mask(
     return _from_kv_blocks(lists, vol, nblocks * vol, mm, device), axes
 
 
-_cache: OrderedDict[tuple, tuple[BlockMask, list[_Axis]]] = OrderedDict()
+_cache: OrderedDict[tuple, tuple[BlockMask, list[Axis]]] = OrderedDict()
 
 
-def _cached_block_mask(key: tuple) -> tuple[BlockMask, list[_Axis]]:
+def _cached_block_mask(key: tuple) -> tuple[BlockMask, list[Axis]]:
     hit = _cache.get(key)
     if hit is not None:
         _cache.move_to_end(key)
@@ -310,62 +257,10 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-# ---------------------------------------------------------------- tile choice
-
-
-def choose_tile(spatial: tuple[int, ...], kernel_size: tuple[int, ...], dilation: tuple[int, ...],
-                is_causal: tuple[bool, ...] | None = None, tokens: int = _TILE_TOKENS,
-                partial_cost: float = 2.0) -> tuple[int, ...]:
-    """Power-of-two tile of ``tokens`` tokens minimising flex's block work, counted exactly.
-
-    The block structure separates over axes, so the totals over all Q tiles are products of
-    per-axis sums: partial + full blocks = prod_a sum_u touched_a(u), full = prod_a sum_u full_a(u).
-    ``partial_cost``: a partial block (mask_mod evaluated) costs about twice a full one, measured on
-    H200 at (30, 48, 80) / window (18, 24, 24) with tiles (32, 2, 2) and (2, 8, 8) (lab/gpu/neighborhood_attention.py).
-    """
-    n = len(spatial)
-    causal = tuple(is_causal) if is_causal is not None else (False,) * n
-    best: tuple[float, tuple[int, ...]] | None = None
-    for split in _splits(int(math.log2(tokens)), n):
-        tile = tuple(1 << e for e in split)
-        # A tile more than twice an axis is all padding on that axis.
-        if any(t > 2 * max(1, -(-L // d)) for t, L, d in zip(tile, spatial, dilation, strict=True)):
-            continue
-        score = tile_cost(spatial, kernel_size, dilation, causal, tile, partial_cost)
-        if best is None or score < best[0]:
-            best = (score, tile)
-    if best is None:  # every tile overhangs some tiny axis: pad along the last one
-        return (1,) * (n - 1) + (tokens,)
-    return best[1]
-
-
-def tile_cost(spatial: tuple[int, ...], kernel_size: tuple[int, ...], dilation: tuple[int, ...],
-              is_causal: tuple[bool, ...], tile: tuple[int, ...], partial_cost: float = 2.0) -> float:
-    """Block work of one (batch, head) in full-block units: full + partial_cost * partial blocks."""
-    touched, full = 1, 1
-    for L, k, d, c, t in zip(spatial, kernel_size, dilation, is_causal, tile, strict=True):
-        a, b, fa, fb = _axis_tile_ranges(_axis(L, k, d, c, t))
-        touched *= int((b - a).sum())
-        full *= int((fb - fa).clamp_min(0).sum())
-    return full + partial_cost * (touched - full)
-
-
-@functools.lru_cache(maxsize=64)
-def _choose_tile_cached(spatial: tuple[int, ...], kernel_size: tuple[int, ...], dilation: tuple[int, ...],
-                        is_causal: tuple[bool, ...]) -> tuple[int, ...]:
-    return choose_tile(spatial, kernel_size, dilation, is_causal)
-
-
-def _splits(total: int, parts: int) -> list[tuple[int, ...]]:
-    if parts == 1:
-        return [(total,)]
-    return [(e, *rest) for e in range(total + 1) for rest in _splits(total - e, parts - 1)]
-
-
 # ---------------------------------------------------------------- permutation
 
 
-def _to_tiles(x: torch.Tensor, axes: list[_Axis]) -> torch.Tensor:
+def _to_tiles(x: torch.Tensor, axes: list[Axis]) -> torch.Tensor:
     """[B, *spatial, H, D] -> [B, H, N_padded, D] in (group, tile, intra-tile) order."""
     b, h, dim = x.shape[0], x.shape[-2], x.shape[-1]
     n = len(axes)
@@ -386,7 +281,7 @@ def _to_tiles(x: torch.Tensor, axes: list[_Axis]) -> torch.Tensor:
     return x.reshape(b, h, -1, dim)
 
 
-def _from_tiles(o: torch.Tensor, axes: list[_Axis], like: torch.Tensor) -> torch.Tensor:
+def _from_tiles(o: torch.Tensor, axes: list[Axis], like: torch.Tensor) -> torch.Tensor:
     b, h, dim = like.shape[0], like.shape[-2], like.shape[-1]
     n = len(axes)
     shape = (
@@ -464,7 +359,7 @@ def neighborhood_attention(
     kernel_size, dilation = tuple(kernel_size), tuple(dilation)
     is_causal = tuple(bool(c) for c in is_causal)
     if tile is None:
-        tile = _choose_tile_cached(spatial, kernel_size, dilation, is_causal)
+        tile = choose_tile_cached(spatial, kernel_size, dilation, is_causal)
     if compiled is None:
         compiled = q.device.type != "cpu"
     key = (spatial, kernel_size, dilation, is_causal, tuple(tile), q.device, wide_indices,

@@ -18,7 +18,8 @@ outside the window is then inf - inf = NaN) and multiplies every key of the box 
 (0 * inf = NaN for a value outside the window). A call whose K or V holds an inf or a NaN (one check,
 one device synchronisation a call) computes each chunk by ``_safe_chunk`` instead, the reference's
 semantics: masked scores selected, not added, and V's non-finite values zeroed for p.v and restored
-where an in-window key holds one.
+where an in-window key holds one. While a CUDA graph is captured (no synchronisation allowed) every
+chunk takes ``_safe_chunk``.
 """
 
 from __future__ import annotations
@@ -215,7 +216,9 @@ def neighborhood_attention(
         upcast = q.device.type == "cpu"
     compute_dtype = torch.float32 if upcast and q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     # Any inf or NaN in K or V (one pass over each, one synchronisation): every chunk takes _safe_chunk.
-    safe = not bool(torch.isfinite(k).all() & torch.isfinite(v).all())
+    # Under CUDA graph capture a synchronisation raises: take the safe form, right for every input.
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    safe = capturing or not bool(torch.isfinite(k).all() & torch.isfinite(v).all())
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     groups = [range(d) for d in dilation]
     for g in itertools.product(*groups):
