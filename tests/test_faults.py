@@ -692,12 +692,16 @@ def test_problems_lists_a_failed_plugin_even_when_another_line_contains_its_name
         assert any(p.startswith("plugin 'liger'") for p in xbackend.problems())
 
 
-def test_a_bad_verify_mode_in_the_environment_warns_and_means_first(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_verify_mode_in_the_environment_warns_and_means_first(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     from xbackend._guard import FIRST, env_verify_mode
 
     monkeypatch.setenv("XBACKEND_VERIFY", "sometimes")
-    with pytest.warns(RuntimeWarning, match="XBACKEND_VERIFY: expected 'first', 'always' or 'sample:N'"):
+    with caplog.at_level(logging.WARNING, "xbackend"):
         assert env_verify_mode() == FIRST
-    monkeypatch.setenv("XBACKEND_VERIFY", "sample:0")
-    with pytest.warns(RuntimeWarning, match="got 'sample:0'"):
+        monkeypatch.setenv("XBACKEND_VERIFY", "sample:0")
         assert env_verify_mode() == FIRST
+    messages = [r.getMessage() for r in caplog.records]
+    assert "xbackend: XBACKEND_VERIFY: expected 'first', 'always' or 'sample:N' with N >= 1, got 'sometimes'; " \
+           "using 'first'" in messages
+    assert any("got 'sample:0'" in m for m in messages)

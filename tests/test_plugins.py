@@ -71,6 +71,37 @@ def test_autoload_off_loads_only_named_plugins(monkeypatch: pytest.MonkeyPatch) 
         assert list(rt.plugins) == ["good"]
 
 
+NO_BACKEND = "autoload off and XBACKEND_PLUGINS empty: no backend loaded"
+
+
+def test_autoload_off_with_no_plugin_named_says_so_in_plans_and_info(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from xbackend.cli import main
+
+    _fake_entry_points(monkeypatch, {"good": _module(_ok)})
+    monkeypatch.setenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("XBACKEND_PLUGINS", raising=False)
+    with fresh_runtime(autoload=None):
+        p = xbackend.plan("rmsnorm", "sm90")
+        assert p.chosen.qualname == "xbackend:reference" and NO_BACKEND in str(p)
+        assert main(["info"]) == 0
+        assert NO_BACKEND in capsys.readouterr().out
+    monkeypatch.setenv("XBACKEND_PLUGINS", "good")
+    with fresh_runtime(autoload=None):
+        assert NO_BACKEND not in str(xbackend.plan("rmsnorm", "sm90"))
+
+
+def test_xbackend_plugins_with_autoload_on_is_a_load_time_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_entry_points(monkeypatch, {"good": _module(_ok)})
+    monkeypatch.delenv("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.setenv("XBACKEND_PLUGINS", "foo")
+    with fresh_runtime(autoload=None) as rt:
+        assert list(rt.plugins) == ["good"]
+        assert rt.load_problems() == [
+            "XBACKEND_PLUGINS=foo is ignored: it selects plugins only with XBACKEND_DISABLE_PLUGIN_AUTOLOAD=1, "
+            "and autoload is on (every installed plugin loads)"]
+
+
 def test_block_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_entry_points(monkeypatch, {"good": _module(_ok)})
     monkeypatch.setenv("XBACKEND_BLOCK", "good")

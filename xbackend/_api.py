@@ -123,7 +123,11 @@ class HostOp:
 def _host_ops() -> dict[str, HostOp]:
     from .ops import vae_tile_decode
 
-    return {vae_tile_decode.NAME: HostOp(vae_tile_decode.NAME, vae_tile_decode.reference, vae_tile_decode.SIGNATURE)}
+    # A class of its own, as for kernel ops (_documented): help() and inspect.signature show the op.
+    cls = type(f"HostOp[{vae_tile_decode.NAME}]", (HostOp,), {
+        "__slots__": (), "__doc__": vae_tile_decode.__doc__, "__module__": HostOp.__module__,
+        "__signature__": inspect.signature(vae_tile_decode.reference)})
+    return {vae_tile_decode.NAME: cls(vae_tile_decode.NAME, vae_tile_decode.reference, vae_tile_decode.SIGNATURE)}
 
 
 def _documented(spec: OpSpec) -> Op:
@@ -149,12 +153,29 @@ def _use_keys(keys: dict[str, Any]) -> None:
 _fastkey.subscribe(_use_keys)
 
 
+class UnknownOpError(KeyError, ValueError):
+    """An op name no op has: a KeyError for ``get_op`` (a lookup), a ValueError for ``plan`` and ``use``
+    (a bad argument); its text is the message itself, not KeyError's quoted repr."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def unknown_op(caller: str, name: object, known: list[str]) -> UnknownOpError:
+    """The error for ``caller`` given an op name not in ``known``: the close matches, then every name."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1) if isinstance(name, str) else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return UnknownOpError(f"{caller}: unknown op {name!r}{hint}; expected one of {', '.join(known)}")
+
+
 def get_op(name: str) -> Any:
     """The op called ``name`` (see ``list_ops()``): an :class:`Op`, or a :class:`HostOp` for
     ``vae_tile_decode``."""
     op = _OPS.get(name)
     if op is None:
-        raise KeyError(f"get_op: unknown op {name!r}; expected one of {', '.join(_OPS)}")
+        raise unknown_op("get_op", name, list(_OPS))
     return op
 
 
@@ -184,6 +205,7 @@ class PlanRow:
     lost_to_priority: int | None = None
     assumed: str | None = None  # the host's availability failure, when planned as available on the target
     won_tie_over: str | None = None  # for the chosen row: the first impl it tied with
+    needs: str | None = None  # for a "quality" verdict: the first tier that admits the impl's precision
 
     @property
     def qualname(self) -> str:
@@ -202,6 +224,19 @@ class PlanRow:
             return f"highest priority eligible; wins the tie with {self.won_tie_over} on backend, then impl name"
         return "highest priority eligible"
 
+    @property
+    def brief(self) -> str:
+        """``why`` for the text plan, where the row's priority and precision stand in their own columns."""
+        if self.chosen:
+            return "chosen"
+        if self.verdict == "lower_priority":
+            return f"lower priority than {self.lost_to}"
+        if self.verdict == "tie":
+            return f"tie: {self.lost_to} sorts first (backend, then impl name)"
+        if self.verdict == "quality" and self.needs is not None:
+            return f"needs quality {self.needs!r}"
+        return self.why
+
     def to_dict(self) -> dict[str, Any]:
         return {"impl": self.qualname, "priority": self.priority, "precision": self.precision,
                 "verdict": self.verdict, "reason": self.why}
@@ -215,6 +250,8 @@ class Plan:
     inputs: str
     rows: tuple[PlanRow, ...]
     dtype: str = ""
+    # Why the plan looks as it does beyond its rows (a tier rule that applied, no backend loaded); text only.
+    notes: tuple[str, ...] = ()
 
     @property
     def chosen(self) -> PlanRow:
@@ -237,15 +274,39 @@ class Plan:
         }
 
     def __str__(self) -> str:
-        lines = [f"{self.op} on {self.device} [quality={self.quality}; {self.inputs}]"]
-        where = self.device.arch
+        """One row per candidate under a column header, every line at most ``TEXT_WIDTH`` characters
+        (a long input or reason wraps), then the notes."""
+        lines = [f"{self.op} on {self.device} [quality={self.quality}]", *_wrap(self.inputs, "  input: ")]
+        name_w = max(len(r.qualname) for r in self.rows)
+        prio_w = max(4, *(len(str(r.priority)) for r in self.rows))
+        prec_w = max(9, *(len(r.precision) for r in self.rows))
+        lines.append(f"     {'impl':<{name_w}}  {'prio':>{prio_w}}  {'precision':<{prec_w}}  verdict")
         for r in self.rows:
-            mark = "->" if r.chosen else "  "
-            status = "chosen" if r.chosen else r.why
+            lead = f"  {'->' if r.chosen else '  '} {r.qualname:<{name_w}}  {r.priority:>{prio_w}}  {r.precision:<{prec_w}}  "
+            lines += _wrap(r.brief, lead)
             if r.assumed is not None:
-                status += f" (assumed available on {where}; here: {r.assumed})"
-            lines.append(f"  {mark} {r.qualname:<34} prio {r.priority:>6}  {r.precision:<22} {status}")
+                lines += _wrap(f"(assumed available on {self.device.arch}; here: {r.assumed})", " " * len(lead))
+        for note in self.notes:
+            lines += _wrap(note, "  note: ")
         return "\n".join(lines)
+
+
+TEXT_WIDTH = 100
+
+
+def _wrap(text: str, lead: str) -> list[str]:
+    """``text`` after ``lead``, wrapped at spaces to ``TEXT_WIDTH``: continuation lines align under the
+    text when that takes at most two lines, else under a short indent."""
+    import textwrap
+
+    def wrapped(first: str, indent: str) -> list[str]:
+        return textwrap.wrap(text, TEXT_WIDTH, initial_indent=first, subsequent_indent=indent,
+                             break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+
+    lines = wrapped(lead, " " * len(lead))
+    if len(lines) > 2:
+        lines = wrapped(lead, " " * 8) if lead.strip() else wrapped(" " * 8, " " * 8)
+    return lines
 
 
 def plan(
@@ -267,11 +328,13 @@ def plan(
     simulated targets).
     """
     from ._opspec import describe_args
-    from ._precision import QUALITY_TIERS
+    from ._precision import QUALITY_TIERS, TOLERANT_RULE, admits
     from ._resolver import dtype_name
 
     rt = runtime()
-    found = get_op(op)
+    found = _OPS.get(op)
+    if found is None:
+        raise unknown_op("plan", op, kernel_ops())
     if isinstance(found, HostOp):
         raise ValueError(f"plan: {op!r} is a host-level op (it decodes through a callable you pass); it has no impls to plan")
     spec = found.spec
@@ -302,8 +365,14 @@ def plan(
             shown(d.lost_to.priority) if d.lost_to is not None else None,
             rt.availability(d.impl) if relied else None,
             tied if d.verdict == "chosen" else None,
+            next((t for t in QUALITY_TIERS if admits(t, d.impl.precision, spec.tolerant)), None)
+            if d.verdict == "quality" else None,
         ))
-    return Plan(op, dev, policy[0], describe_args(args), tuple(rows), dtype_name(spec.dtype_of(args)))
+    notes = list(rt.notes)
+    chosen = next((d.impl.precision for d in decisions if d.verdict == "chosen"), None)
+    if chosen is not None and spec.tolerant and not admits(policy[0], chosen, False):
+        notes.insert(0, f"{op} {TOLERANT_RULE}")
+    return Plan(op, dev, policy[0], describe_args(args), tuple(rows), dtype_name(spec.dtype_of(args)), tuple(notes))
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ no impl is blamed; its key (alignment class None) is never a plain tensor's.
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,12 +157,13 @@ def parse_verify_mode(text: str, *, where: str = "verify") -> VerifyMode:
 
 
 def env_verify_mode() -> VerifyMode:
-    """The process default from ``XBACKEND_VERIFY`` (a bad value warns and means ``first``)."""
+    """The process default from ``XBACKEND_VERIFY`` (a bad value logs a warning and means ``first``)."""
     raw = os.environ.get(ENV, "")
     try:
         return parse_verify_mode(raw, where=ENV)
     except ValueError as e:
-        warnings.warn(f"xbackend: {e}; using 'first'", RuntimeWarning, stacklevel=2)
+        # Logged like the other bad environment values: the cause is the variable, not a source line.
+        logging.getLogger("xbackend").warning("xbackend: %s; using 'first'", e)
         return FIRST
 
 

@@ -30,6 +30,8 @@ CORE = "xbackend"
 # would be taken for the builtin backend (or, for "xbackend", for the reference itself).
 RESERVED_PLUGINS = {CORE: None, REFERENCE: None, "cuda": "xbackend_cuda.plugin", "rocm": "xbackend_rocm.plugin"}
 _DISTRIBUTION = "xbackend"
+NO_BACKEND = ("autoload off and XBACKEND_PLUGINS empty: no backend loaded, every op runs its reference "
+              "(name plugins in XBACKEND_PLUGINS, or unset XBACKEND_DISABLE_PLUGIN_AUTOLOAD)")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
@@ -80,9 +82,18 @@ class Plugins:
         self.problems: list[str] = []
         self.blocked = self._blocklist(block)
         self.status: dict[str, PluginStatus] = {}
+        # Facts about what loaded that are no problem but explain every plan (``xbackend info``, ``plan``).
+        self.notes: list[str] = []
+        explicit = list(explicit)
         if autoload is None:
             autoload = not env_flag("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", self.problems)
-        self.only = None if autoload else env_list("XBACKEND_PLUGINS")
+        named = env_list("XBACKEND_PLUGINS")
+        if autoload and named:
+            self.problem(f"XBACKEND_PLUGINS={','.join(sorted(named))} is ignored: it selects plugins only with "
+                         f"XBACKEND_DISABLE_PLUGIN_AUTOLOAD=1, and autoload is on (every installed plugin loads)")
+        self.only = None if autoload else named
+        if self.only == frozenset() and not explicit:
+            self.notes.append(NO_BACKEND)
         self._load_entry_points(self.only)
         for plugin in explicit:
             name, obj = plugin if isinstance(plugin, tuple) else (getattr(plugin, "__name__", repr(plugin)), plugin)

@@ -55,11 +55,12 @@ def quality(tier: str) -> Iterator[None]:
 def use(**forced: str) -> Iterator[None]:
     """Force an impl per op, e.g. ``use(rmsnorm_modulate="triton")``; ``"reference"`` forces the
     reference. A forced impl that cannot take a call raises with the reason instead of falling back."""
+    from ._api import unknown_op
     from .ops import OPS
 
     for op, name in forced.items():
         if op not in OPS:
-            raise ValueError(f"use: unknown op {op!r}; expected one of {', '.join(OPS)}")
+            raise unknown_op("use", op, list(OPS))
         if not isinstance(name, str):
             raise TypeError(f"use: impl name for {op!r} must be a str, got {type(name).__name__}")
     tier, current, mode = _POLICY.get()

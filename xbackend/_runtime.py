@@ -100,6 +100,7 @@ class Runtime:
         self.pm, self.blocked, self.plugins = loaded.pm, loaded.blocked, loaded.status
         # Load-time problems (unknown names, refused plugins, bad environment values), one line each.
         self.problems: list[str] = loaded.problems
+        self.notes: list[str] = loaded.notes  # no problem, but explains every plan (e.g. no backend loaded)
         # Device families first: plugins' impls name their arches (Impl validates its devices when made).
         self.families = loaded.device_families()
         self.registry = Registry(OPS)
