@@ -10,7 +10,7 @@ from xbackend.cli import main
 
 
 def test_info_on_cpu(capsys) -> None:
-    assert main(["info"]) == 0
+    assert main(["info", "--impls"]) == 0
     out = capsys.readouterr().out
     assert "Devices:" in out and "Plugins:" in out
     assert "cuda " in out and "rocm " in out
@@ -18,6 +18,40 @@ def test_info_on_cpu(capsys) -> None:
     assert "rocm       all 15 impls: never run on hardware" in out
     assert "rmsnorm_modulate on cpu" in out and "chosen" in out
     assert "\nDispatch: C++ keys (" in out or "\nDispatch: Python keys (" in out
+
+
+def _section(out: str, title: str) -> list[str]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title)) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+def test_info_is_a_short_status_with_the_impl_matrix_behind_a_flag(capsys) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    plugins = [line.split()[0] for line in _section(out, "Plugins") if "impls" in line or "FAILED" in line]
+    assert {"cuda", "rocm"} <= set(plugins) and plugins == sorted(plugins)
+    assert "Problems: none" in out or _section(out, "Problems")
+    assert "verdict" not in out and "rmsnorm_modulate on cpu" not in out  # no per-impl rows
+    assert len(out.splitlines()) <= 30, out
+    assert out.rstrip().endswith("`xbackend info --impls`: every op's candidates and why, and the hardware each "
+                                 "impl was verified on")
+    assert main(["info", "--impls"]) == 0
+    full = capsys.readouterr().out
+    status = out[:out.index("\nDispatch: ")]
+    assert full.startswith(status) and "rmsnorm_modulate on cpu" in full
+    assert main(["info", "-v"]) == 0 and capsys.readouterr().out == full
+
+
+def test_plan_lines_fit_100_columns_and_show_each_precision_once(capsys) -> None:
+    for device in ("h100", "b200", "mi300x", "cpu"):
+        assert main(["plan", "--device", device]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert max(map(len, lines)) <= 100, device
+        for line in lines:
+            for shown in ("exact", "ulp(", "tolerance("):
+                assert line.count(shown) <= 1, line
 
 
 def test_plan_json_for_a_simulated_fleet(capsys) -> None:

@@ -24,6 +24,8 @@ def _devices() -> list[torch.device]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """A short status (devices, plugins, problems, what runs here); with --impls every op's candidates
+    and the hardware each impl was verified on."""
     rt = runtime()
     backend = f"ROCm {torch.version.hip}" if torch.version.hip else (f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build")
     print(f"xbackend {__import__('xbackend').__version__} | torch {torch.__version__} ({backend}) | Python {platform.python_version()}")
@@ -33,30 +35,49 @@ def cmd_info(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("  (no GPU visible: only CPU impls run here; `xbackend plan --device sm90|sm100|gfx950` plans for one)")
     print("\nPlugins:")
-    for status in rt.plugins.values():
+    for status in sorted(rt.plugins.values(), key=lambda s: s.name):
         state = f"FAILED: {status.error}" if status.error else f"{len(status.impls)} impls"
         print(f"  {status.name:<10} {state}  [{status.source}]")
     for lines in rt.pm.hook.xbackend_report_header(runtime=rt):
         for line in lines or ():
             print(f"  {line}")
+    problems = rt.load_problems()
+    print(f"\nProblems: {len(problems) or 'none'}")
+    for problem in problems:
+        print(f"  {problem}")
+    for note in rt.notes:
+        print(f"\nNote: {note}")
     from . import _fastkey
 
     print(f"\nDispatch: {_fastkey.decide()}")
-    print("\nVerified on hardware (torch / Triton, and arch, the precision contract was checked on):")
-    for line in _verified_lines(rt):
-        print(f"  {line}")
     from .fleet.skew import host_lane, unverified
 
     lane = host_lane()
+    dtype = _DTYPES[args.dtype]
     for d in _devices():
-        print(f"\nPlan on {d} (representative bf16 inputs):")
-        plans = [plan(op, d, dtype=_DTYPES[args.dtype]) for op in kernel_ops()]
-        for p in plans:
-            print(_indent(str(p)))
+        plans = [plan(op, d, dtype=dtype) for op in kernel_ops()]
+        if args.impls:
+            print(f"\nPlan on {d} (representative {args.dtype} inputs):")
+            for p in plans:
+                print(_indent(str(p)))
+        else:
+            print(f"\nRuns on {d} ({args.dtype}, quality {plans[0].quality}):")
+            chosen = {p.chosen.qualname for p in plans}
+            if len(chosen) == 1:
+                print(f"  every op: {chosen.pop()}")
+            else:
+                for p in plans:
+                    print(f"  {p.op:<24} {p.chosen.qualname}")
         impls = {i.qualname: i for op in kernel_ops() for i in rt.candidates(op)}
         for flag in unverified(plans, (lane,), impls, rt.device(d).arch):
             print(f"  {flag.message}: {', '.join(flag.impls)}")
-    print("\nvae_tile_decode: host-level op (tiles over torch.distributed ranks when a process group is up)")
+    if args.impls:
+        print("\nVerified on hardware (torch / Triton, and arch, the precision contract was checked on):")
+        for line in _verified_lines(rt):
+            print(f"  {line}")
+        print("\nvae_tile_decode: host-level op (tiles over torch.distributed ranks when a process group is up)")
+    else:
+        print("\n`xbackend info --impls`: every op's candidates and why, and the hardware each impl was verified on")
     return 0
 
 
@@ -208,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="device probe, plugins, and what each op runs here")
     info.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    info.add_argument("--impls", "-v", action="store_true",
+                      help="also every op's candidates with the reason for each, and where each impl was verified")
     info.set_defaults(func=cmd_info)
     targets = sorted(SIMULATED_TARGETS) + sorted(TARGET_ALIASES)
     p = sub.add_parser("plan", help="what each op would run on a device (real or simulated)")
