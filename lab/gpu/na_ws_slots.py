@@ -16,16 +16,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "lab" / "gpu"))
 
+import na_sweep  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 
 from xbackend.kernels import na_gluon_ws  # noqa: E402
 
-slots, k_lead, v_lead = (int(x) for x in sys.argv[1:4])
-na_gluon_ws.KV_BUFFERS = gl.constexpr(slots)
-na_gluon_ws.K_LEAD = gl.constexpr(k_lead)
-na_gluon_ws.V_LEAD = gl.constexpr(v_lead)
-print(f"na_gluon_ws: {slots} slots, K lead {k_lead}, V lead {v_lead}", flush=True)
-sys.argv = [sys.argv[0], *sys.argv[4:]]
-import na_sweep  # noqa: E402
 
-na_sweep.main()
+def main() -> None:
+    slots, k_lead, v_lead = (int(x) for x in sys.argv[1:4])
+    na_gluon_ws.KV_BUFFERS = gl.constexpr(slots)
+    na_gluon_ws.K_LEAD = gl.constexpr(k_lead)
+    na_gluon_ws.V_LEAD = gl.constexpr(v_lead)
+    print(f"na_gluon_ws: {slots} slots, K lead {k_lead}, V lead {v_lead}", flush=True)
+    sys.argv = [sys.argv[0], *sys.argv[4:]]
+    na_sweep.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -12,13 +12,19 @@ import xbackend_cuda.launch as nvidia
 from xbackend.kernels import rmsnorm as R
 from xbackend.kernels import triton_qk_norm_rope_3d as K
 
-shape = (1, 40, 96, 96, 4, 64)
-g = torch.Generator("cuda").manual_seed(0)
-q = torch.randn(shape, generator=g, device="cuda").to(torch.bfloat16)
-k = torch.randn(shape, generator=g, device="cuda").to(torch.bfloat16)
-w = (1 + 0.3 * torch.randn(64, generator=g, device="cuda")).to(torch.bfloat16)
-for _ in range(3):
-    K.qk_norm_rope_3d(q, k, w, w, 1e-6, 0.125, 10000.0, "torch", numerics=nvidia.NUMERICS, traits=nvidia.LAUNCH)
-for _ in range(3):
-    R.rmsnorm(q, w, 1e-6, "torch", numerics=nvidia.NUMERICS, traits=nvidia.LAUNCH)
-torch.cuda.synchronize()
+
+def main() -> None:
+    shape = (1, 40, 96, 96, 4, 64)
+    g = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(shape, generator=g, device="cuda").to(torch.bfloat16)
+    k = torch.randn(shape, generator=g, device="cuda").to(torch.bfloat16)
+    w = (1 + 0.3 * torch.randn(64, generator=g, device="cuda")).to(torch.bfloat16)
+    for _ in range(3):
+        K.qk_norm_rope_3d(q, k, w, w, 1e-6, 0.125, 10000.0, "torch", numerics=nvidia.NUMERICS, traits=nvidia.LAUNCH)
+    for _ in range(3):
+        R.rmsnorm(q, w, 1e-6, "torch", numerics=nvidia.NUMERICS, traits=nvidia.LAUNCH)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import math
 import subprocess
 import sys
@@ -36,13 +37,18 @@ from xbackend.kernels.key_norm import max_key_norm  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SMEM = 8192 + 3 * 56 * 128 + 3 * 64 * 128 + 1024  # Q, K ring, V ring, alignment slack
-_cuda = ctypes.CDLL("libcuda.so.1")
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    # The driver library exists only where a GPU does: loaded on the first call, not at import.
+    return ctypes.CDLL("libcuda.so.1")
 
 
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         name = ctypes.c_char_p()
-        _cuda.cuGetErrorName(rc, ctypes.byref(name))
+        _driver().cuGetErrorName(rc, ctypes.byref(name))
         raise RuntimeError(f"{what} failed: {rc} {name.value}")
 
 
@@ -60,7 +66,7 @@ class TensorMap:
         boxd = (ctypes.c_uint32 * 5)(*box)
         ones = (ctypes.c_uint32 * 5)(1, 1, 1, 1, 1)
         # bf16 = 9, no interleave, 128-byte swizzle = 3, L2 promotion 128 B = 2, out-of-bounds zeros = 0
-        _check(_cuda.cuTensorMapEncodeTiled(self.ptr, 9, 5, ctypes.c_void_p(t.data_ptr()), dims, strides, boxd, ones,
+        _check(_driver().cuTensorMapEncodeTiled(self.ptr, 9, 5, ctypes.c_void_p(t.data_ptr()), dims, strides, boxd, ones,
                                             0, 3, 2, 0), "cuTensorMapEncodeTiled")
 
 
@@ -93,10 +99,10 @@ class Na56:
         torch.zeros(1, device="cuda")
         self.smem = smem
         self.mod = ctypes.c_void_p()
-        _check(_cuda.cuModuleLoadData(ctypes.byref(self.mod), cubin), "cuModuleLoadData")
+        _check(_driver().cuModuleLoadData(ctypes.byref(self.mod), cubin), "cuModuleLoadData")
         self.fn = ctypes.c_void_p()
-        _check(_cuda.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, kernel.encode()), "cuModuleGetFunction")
-        _check(_cuda.cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute")
+        _check(_driver().cuModuleGetFunction(ctypes.byref(self.fn), self.mod, kernel.encode()), "cuModuleGetFunction")
+        _check(_driver().cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute")
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """q, k, v, out: [B, S0, S1, S2, heads, 64] bf16, contiguous; window 11, scale 1/8."""
@@ -116,7 +122,7 @@ class Na56:
                    ctypes.c_float(na_triton.SHIFT_MAX)]
         params = (ctypes.c_void_p * 13)(tq.ptr, tk.ptr, tv.ptr, *[ctypes.addressof(x) for x in scalars])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        _check(_cuda.cuLaunchKernel(self.fn, tiles, b * heads, 1, 128, 1, 1, self.smem, stream, params, None),
+        _check(_driver().cuLaunchKernel(self.fn, tiles, b * heads, 1, 128, 1, 1, self.smem, stream, params, None),
                "cuLaunchKernel")
         return out
 
