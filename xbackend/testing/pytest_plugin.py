@@ -1,8 +1,9 @@
 """Fixtures, the ``gpu`` marker and ``--xbackend-conformance`` for xbackend and its plugins, registered as
 a pytest plugin (entry point ``pytest11``) by ``pip install xbackend``.
 
-``pytest --xbackend-conformance=NAME`` (repeatable) adds one test per impl × device × dtype of the
-installed plugin NAME, running the conformance suite (``xbackend.testing.conformance``)."""
+``pytest --xbackend-conformance=NAME`` (repeatable) runs one test per impl × device × dtype of the
+installed plugin NAME through the conformance suite (``xbackend.testing.conformance``), and only those:
+the project's own tests are collected beside them only when paths are named on the command line."""
 
 from __future__ import annotations
 
@@ -19,11 +20,24 @@ from . import fresh_runtime
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("xbackend").addoption(
         "--xbackend-conformance", action="append", default=[], metavar="PLUGIN",
-        help="run the xbackend conformance suite on the installed plugin PLUGIN (its entry-point name)")
+        help="run the xbackend conformance suite on the installed plugin PLUGIN (its entry-point name); "
+             "other tests run beside it only from paths named on the command line")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA/ROCm GPU; skipped where torch sees none")
+
+
+def _conformance_only(config: pytest.Config) -> bool:
+    """``--xbackend-conformance`` with no path named: the suite is the run, not an addition to the
+    ``testpaths`` (or the current directory's) tests."""
+    named = getattr(pytest.Config, "ArgsSource", None)
+    return bool(config.getoption("--xbackend-conformance", default=None)) and (
+        named is None or config.args_source != named.ARGS)
+
+
+def pytest_ignore_collect(collection_path: object, config: pytest.Config) -> bool | None:
+    return True if _conformance_only(config) else None
 
 
 class ConformanceItem(pytest.Item):
