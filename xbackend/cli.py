@@ -182,8 +182,10 @@ def cmd_ops(args: argparse.Namespace) -> int:
         if args.signatures and spec is not None:
             params = ", ".join(spec.arg_names)
             tensors = ", ".join(spec.arg_names[i] for i in spec.tensor_args)
-            print(f"    impl:     fn({params}) -> {'(q, k)' if name == 'qk_norm_rope' else 'a new tensor'}  "
-                  f"(positional, normalized by bind; never writes an input)")
+            # What the op's fake returns for its example input (meta tensors): the outputs an impl returns.
+            out = spec.fake(*spec.example(torch.float32, torch.device("meta")))
+            returns = f"a tuple of {len(out)} new tensors" if isinstance(out, (tuple, list)) else "a new tensor"
+            print(f"    impl:     fn({params}) -> {returns}  (positional, normalized by bind; never writes an input)")
             print(f"    supports: supports({params}) -> None | str  (shapes/strides/dtypes only: also runs on meta)")
             print(f"    tensors:  {tensors}")
         elif spec is None:

@@ -38,15 +38,38 @@ def xbackend_register_impls(registrar: Registrar) -> None:
     """Register this plugin's implementations.
 
     Call ``registrar.register(op=..., name=..., fn=..., priority=..., devices=..., dtypes=...,
-    precision=..., supports=..., available=...)`` once per impl (see :class:`xbackend.Impl`).
-    Impls are recorded under the plugin's name. Registering for an op the core does not know, or
-    reusing an impl name for the same op, raises :class:`xbackend.RegistrationError`; the plugin is
-    then reported as failed and none of its impls are kept. Keep this hook cheap: import heavy
-    dependencies (triton, vendor libraries) inside ``fn`` or ``available``, not here.
+    precision=..., supports=..., available=..., verified_on=...)`` once per impl (see
+    :class:`xbackend.Impl`). Impls are recorded under the plugin's name. Registering for an op the core
+    does not know, or reusing an impl name for the same op, raises :class:`xbackend.RegistrationError`;
+    the plugin is then reported as failed and none of its impls are kept. Keep this hook cheap: import
+    heavy dependencies (triton, vendor libraries) inside ``fn`` or ``available``, not here.
+
+    Calling convention: ``fn`` and ``supports`` get the op's arguments positionally, in the order of its
+    signature, every one present (defaults filled in, values normalized by the op's ``bind``, e.g.
+    neighborhood_attention's ``kernel_size=7`` as a tuple), never by keyword. For ``rmsnorm(x,
+    weight=None, eps=1e-6, flavour="torch")`` they are ``fn(x, weight, eps, flavour)`` and
+    ``supports(x, weight, eps, flavour)``; ``xbackend ops --signatures`` prints every op's.
+
+    An argument value the impl does not handle (``weight=None``, a flavour, a dtype, a stride, a head
+    size) is declined by ``supports``: return a short reason (a str), or None to accept. The resolver
+    then takes the next candidate, and ``xbackend plan`` shows the reason. ``supports`` reads shapes,
+    strides, dtypes and the other arguments' values only (it also runs on meta tensors when planning for
+    a simulated target), must not raise, and is asked once per runtime key (those, plus data-pointer
+    alignment). An ``fn`` that raises, or answers outside its precision contract, on an input
+    ``supports`` accepted is disabled for that input with a ``FallbackWarning``.
 
     An ``fn`` returns new contiguous tensors: never an input or a view of one (empty ones included),
     never two outputs over one allocation, and never writes its inputs. The guard rejects an impl
     that breaks this (docs/guard.md), as ``xbackend.testing.conformance`` does in a plugin's tests.
+
+    ``verified_on`` lists the (torch, Triton, arch) runs on real hardware that checked the impl's
+    precision contract (its op's conformance cases); ``xbackend info`` and ``xbackend fleet`` flag a
+    chosen impl whose versions and arch no run matches. A CPU impl's hardware is the CPU: arch ``"cpu"``,
+    and a run of ``pytest --xbackend-conformance=NAME`` on a CPU host is its check, recorded with that
+    host's torch and Triton versions (Triton even when the impl does not use it: a run is keyed by both),
+    e.g. ``verified_on=(("2.13", "3.9", "cpu"),)``. A Triton kernel run on a CPU under
+    ``TRITON_INTERPRET=1`` verifies nothing for a GPU arch. How the fleet goldens treat impls of plugins
+    beyond the builtin ones: see docs/fleet.md.
     """
 
 
