@@ -3,19 +3,15 @@
 Every vendor decision the shared RMSNorm kernels need is made here, as data: the PyTorch build whose
 reduction order they reproduce (``NUMERICS``), and the launch traits measured on the H200
 (``LAUNCH``: programmatic dependent launch on sm90+, the tuned torch-flavour schedule). Configs are the
-ones measured on the H200 (lab/gpu/*.py; docs/performance.md); SM100/SM103 run the same
+ones measured on the H200 (the scripts lab/README.md lists; docs/performance.md); SM100/SM103 run the same
 arch-independent pointwise schedules, compiled for them but not tuned or run there.
 """
 
 from __future__ import annotations
 
-from xbackend.kernels import cuda_gated_residual, triton_gated_residual, triton_qk_norm_rope, triton_qk_norm_rope_3d
+from xbackend.kernels import cuda_gated_residual, triton_gated_residual
 from xbackend.kernels import rmsnorm as rms
-from xbackend.ops.add_rmsnorm import reference as add_rmsnorm_reference
-from xbackend.ops.qk_norm_rope import reference as qk_norm_rope_reference
-from xbackend.ops.qk_norm_rope_3d import reference as qk_norm_rope_3d_reference
-from xbackend.ops.rmsnorm import reference as rmsnorm_reference
-from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
+from xbackend.kernels.vendor_kernels import VendorKernels
 
 # The order of CUDA builds of PyTorch (128 threads per row, decreasing shuffles, rsqrt.approx.f32).
 NUMERICS = rms.CUDA_NUMERICS
@@ -24,16 +20,18 @@ S, ARKB, MERGED = rms.Schedule, rms.ARR_ARKB, rms.ARR_MERGED
 LAUNCH = rms.LaunchTraits(
     # Hopper's griddepcontrol: compute capability 9 and up. Back-to-back [1, 32640, 4096] bf16
     # torch-flavour norms on the H200 (2 rows per 8-warp program): 130.7-130.8 -> 129.2-129.5 us per
-    # call, bit-identical (lab/gpu/rmsnorm_persist.py --pdl, lab/results/h200/rmsnorm_pdl_variant.txt).
+    # call, bit-identical (lab/gpu/rmsnorm_persist.py --pdl at commit 5ce8995,
+    # lab/results/h200/rmsnorm_pdl_variant.txt).
     pdl_min_major=9,
     # Schedules measured faster than the default on the H200, by (op kind, D or (d_min, d_max), element
     # size); everything else keeps the default (lab/gpu/rmsnorm_narrow.py prints entries in this form).
     schedules=rms.schedule_table(
         {
             # The plain torch-flavour norm at D = 4096, 2-byte elements: two rows per 8-warp program beat one
-            # per 4 warps by 0.5-1.2 us at [32640, 4096] bf16 in four H200 runs (lab/gpu/rmsnorm_sweep.py,
-            # lab/gpu/rmsnorm_cuda.py). fp16 moves the same bytes; fp32 rows are unmeasured and keep the
-            # default. Not for the diffusers flavour (25-45% slower that way) nor the modulate.
+            # per 4 warps by 0.5-1.2 us at [32640, 4096] bf16 in four H200 runs (lab/gpu/rmsnorm_sweep.py and
+            # lab/gpu/rmsnorm_cuda.py at commit 5ce8995; lab/results/h200/rmsnorm_sweep*, rmsnorm_cuda.*). fp16
+            # moves the same bytes; fp32 rows are unmeasured and keep the default. Not for the diffusers
+            # flavour (25-45% slower that way) nor the modulate.
             ("rmsnorm-torch", 4096, 2): rms.Schedule(rows_per_program=2, num_warps=8),
             # Narrow rows, 2-byte elements: the best of each (op kind, D) in one H200 sweep, where it beat
             # the default by >= 1 point of copy_; every schedule bit-identical to eager there
@@ -80,33 +78,8 @@ LAUNCH = rms.LaunchTraits(
     ),
 )
 
-rmsnorm = rms.rmsnorm_with(NUMERICS, rmsnorm_reference, LAUNCH)
-
-
-rmsnorm_modulate = rms.rmsnorm_modulate_with(NUMERICS, modulate_reference, LAUNCH)
-
-
-# The plain / modulate norm's schedules: the tile is the same, only x + update is loaded in it.
-add_rmsnorm = rms.add_rmsnorm_with(NUMERICS, add_rmsnorm_reference, LAUNCH)
-
-
-rmsnorm_fast = rms.rmsnorm_fast_with(NUMERICS)
-
-
-rmsnorm_modulate_fast = rms.rmsnorm_modulate_fast_with(NUMERICS)
-
-
-def supports_rmsnorm(x, weight, eps, flavour) -> str | None:
-    return rms.supports_rmsnorm(x, weight, eps, flavour, alignment=False, numerics=NUMERICS)
-
-
-def supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour) -> str | None:
-    return rms.supports_rmsnorm_modulate(x, scale, shift, weight, eps, flavour, alignment=False, numerics=NUMERICS)
-
-
-def supports_add_rmsnorm(x, update, weight, eps, flavour, scale, shift) -> str | None:
-    return rms.supports_add_rmsnorm(x, update, weight, eps, flavour, scale, shift, alignment=False, numerics=NUMERICS)
-
+# The shared kernels' entry points (rmsnorm, supports_rmsnorm, ..., VendorKernels.NAMES) for this data.
+KERNELS = VendorKernels(NUMERICS, LAUNCH)
 
 # Defaults measured best on the H200: 1024/512/256-wide column blocks, 4 rows, 4 warps (lab/gpu/gated_residual.py).
 gated_residual_triton = triton_gated_residual.gated_residual
@@ -118,18 +91,4 @@ def __getattr__(name: str) -> object:
     # around it (on the small shapes one Python frame is ~0.1-0.3 µs of a ~10 µs call).
     if name == "gated_residual_cuda":
         return cuda_gated_residual.entry()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-qk_norm_rope = triton_qk_norm_rope.qk_norm_rope_with(NUMERICS, qk_norm_rope_reference)
-
-
-def supports_qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout) -> str | None:
-    return triton_qk_norm_rope.supports(q, k, q_weight, k_weight, cos, sin, eps, flavour, layout, numerics=NUMERICS)
-
-
-qk_norm_rope_3d = triton_qk_norm_rope_3d.qk_norm_rope_3d_with(NUMERICS, qk_norm_rope_3d_reference, LAUNCH)
-
-
-def supports_qk_norm_rope_3d(q, k, q_weight, k_weight, eps, q_scale, base, flavour) -> str | None:
-    return triton_qk_norm_rope_3d.supports(q, k, q_weight, k_weight, eps, q_scale, base, flavour, numerics=NUMERICS)
+    return KERNELS.attribute(__name__, name)

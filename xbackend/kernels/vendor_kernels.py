@@ -1,0 +1,63 @@
+"""The shared Triton kernels bound to one vendor's data: the entry points a vendor backend registers.
+
+The RMSNorm family and the q/k preludes run the same Triton code on every vendor; what differs is data
+the vendor's launch module holds (``backends/<vendor>/launch.py``): the PyTorch build whose reduction
+order the exact kernels reproduce (``Numerics``) and the launch traits measured on its hardware
+(``LaunchTraits``). That module builds one :class:`VendorKernels` from them and serves its attributes
+as its own (a module ``__getattr__``), so the impl records keep naming ``"<launch module>:rmsnorm"``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from xbackend.kernels import rmsnorm as rms
+from xbackend.kernels import triton_qk_norm_rope, triton_qk_norm_rope_3d
+from xbackend.ops.add_rmsnorm import reference as add_rmsnorm_reference
+from xbackend.ops.qk_norm_rope import reference as qk_norm_rope_reference
+from xbackend.ops.qk_norm_rope_3d import reference as qk_norm_rope_3d_reference
+from xbackend.ops.rmsnorm import reference as rmsnorm_reference
+from xbackend.ops.rmsnorm_modulate import reference as modulate_reference
+
+__all__ = ["VendorKernels"]
+
+
+class VendorKernels:
+    """The shared kernels' entry points for one vendor's ``numerics`` and ``launch`` traits.
+
+    Each entry point is built once, here. The exact kernels answer a call whose pointers aten would not
+    vectorize with the op's reference (``rmsnorm_with``), so their ``supports_*`` predicates leave pointer
+    alignment out (``alignment=False``): it is a property of each call, not of the key a verdict is cached by.
+    """
+
+    # The attributes a vendor's launch module serves from here.
+    NAMES = (
+        "rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "rmsnorm_fast", "rmsnorm_modulate_fast", "qk_norm_rope",
+        "qk_norm_rope_3d", "supports_rmsnorm", "supports_rmsnorm_modulate", "supports_add_rmsnorm",
+        "supports_qk_norm_rope", "supports_qk_norm_rope_3d",
+    )  # fmt: skip
+
+    def __init__(self, numerics: rms.Numerics, launch: rms.LaunchTraits) -> None:
+        self.numerics = numerics
+        self.launch = launch
+        self.rmsnorm = rms.rmsnorm_with(numerics, rmsnorm_reference, launch)
+        self.rmsnorm_modulate = rms.rmsnorm_modulate_with(numerics, modulate_reference, launch)
+        # The plain / modulate norm's schedules: the tile is the same, only x + update is loaded in it.
+        self.add_rmsnorm = rms.add_rmsnorm_with(numerics, add_rmsnorm_reference, launch)
+        self.rmsnorm_fast = rms.rmsnorm_fast_with(numerics)
+        self.rmsnorm_modulate_fast = rms.rmsnorm_modulate_fast_with(numerics)
+        self.qk_norm_rope = triton_qk_norm_rope.qk_norm_rope_with(numerics, qk_norm_rope_reference)
+        self.qk_norm_rope_3d = triton_qk_norm_rope_3d.qk_norm_rope_3d_with(numerics, qk_norm_rope_3d_reference, launch)
+        self.supports_rmsnorm = functools.partial(rms.supports_rmsnorm, alignment=False, numerics=numerics)
+        self.supports_rmsnorm_modulate = functools.partial(rms.supports_rmsnorm_modulate, alignment=False,
+                                                           numerics=numerics)  # fmt: skip
+        self.supports_add_rmsnorm = functools.partial(rms.supports_add_rmsnorm, alignment=False, numerics=numerics)
+        self.supports_qk_norm_rope = functools.partial(triton_qk_norm_rope.supports, numerics=numerics)
+        self.supports_qk_norm_rope_3d = functools.partial(triton_qk_norm_rope_3d.supports, numerics=numerics)
+
+    def attribute(self, module: str, name: str) -> object:
+        """``name`` for the launch module ``module``'s ``__getattr__``: an entry point, or the
+        AttributeError Python raises for a module attribute it does not have."""
+        if name in self.NAMES:
+            return getattr(self, name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
