@@ -50,7 +50,8 @@ _HISTORY = re.compile("|".join(HISTORY), re.IGNORECASE)
 _STRICT = re.compile("|".join(HISTORY + NARRATION), re.IGNORECASE)
 
 # Pages held to the strict check; the other docs/*.md get the history report only.
-STRICT_PAGES = ["README.md", "docs/architecture.md", "docs/exactness.md", "docs/performance.md", "benchmarks/README.md"]
+STRICT_PAGES = ["README.md", "docs/architecture.md", "docs/exactness.md", "docs/fleet.md", "docs/install.md",
+                "docs/performance.md", "benchmarks/README.md"]  # fmt: skip
 # Paths that moved under lab/ (or were dropped): a reference not preceded by "lab/" is stale.
 _STALE_PATH = re.compile(r"(?<![\w/.-])(?:gpu|results|notes)/")
 
@@ -114,6 +115,11 @@ def test_a_mislabelled_run_does_not_render() -> None:
         render.render({**manifest, "runs": [{**run, "hardware": "AMD MI300X"}]})
     with pytest.raises(ValueError, match="records torch"):
         render.render({**manifest, "software": {**manifest["software"], "torch": "2.13.0"}, "runs": [run]})
+    # A run on other software names its versions itself; the raw output's own record is checked against them.
+    dispatch = next(r for r in manifest["runs"] if r["id"] == "dispatch")
+    assert "torch 2.13.0+cpu" in render.render({**manifest, "runs": [dispatch]})
+    with pytest.raises(ValueError, match="records torch '2.13.0\\+cpu'"):
+        render.render({**manifest, "runs": [{k: v for k, v in dispatch.items() if k != "software"}]})
 
 
 def test_plugin_bench_report_renders() -> None:
@@ -127,8 +133,7 @@ def test_plugin_bench_report_renders() -> None:
     assert [(r.impl, r.exact) for r in parsed] == [(False, None), (False, True), (False, False), (False, True),
                                                    (True, False)]  # fmt: skip
     table = render.bench_table(parsed)
-    assert table[2] == ("| rmsnorm [1,8,64] | 1.0 | 4.0 | 2.0 | **1.0** | 100% | 4.00× | 2.00× | yes | no "
-                        "| liger:rmsnorm 1.6 (2ulp) |")  # fmt: skip
+    assert table[2] == "| rmsnorm [1,8,64] | **1.0** | 100% | 2.00× | 4.00× | yes (no) | liger:rmsnorm 1.6 (2ulp) |"
     assert render._table(["a"], [["x|y"]])[-1] == "| x\\|y |"
 
 
@@ -174,6 +179,66 @@ def test_readme_install_command_pins_ci_torch() -> None:
 def test_page_has_no_development_history(page: str) -> None:
     found = _offenders((ROOT / page).read_text(encoding="utf-8"), _STRICT)
     assert not found, f"{page}: development history or change narration: " + ", ".join(f"line {n}: {w!r}" for n, w in found)
+
+
+# -- size and shape of the pages a user reads ---------------------------------------------------------
+DOCS_MAX_BYTES = 40 * 1024
+PARAGRAPH_MAX_WORDS = 120
+# Pages held to the paragraph limit (docs/guard.md joins once its long paragraphs are split).
+PARAGRAPH_PAGES = ["README.md", "docs/architecture.md", "docs/exactness.md", "docs/fleet.md", "docs/install.md",
+                   "docs/performance.md", "benchmarks/README.md"]  # fmt: skip
+
+
+def test_docs_fit_in_40_kib() -> None:
+    sizes = {p.name: len(p.read_bytes()) for p in sorted((ROOT / "docs").glob("*.md"))}
+    assert sum(sizes.values()) <= DOCS_MAX_BYTES, f"docs/ is {sum(sizes.values())} bytes (limit {DOCS_MAX_BYTES}): {sizes}"
+
+
+def paragraphs(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each prose paragraph of a Markdown page: code blocks, tables, headings and
+    comments are not prose; each list item is a paragraph of its own."""
+    out: list[tuple[int, str]] = []
+    cur: list[str] = []
+    start = 0
+    fence = False
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s.startswith("```"):
+            fence = not fence
+        item = re.match(r"(?:[-*]|\d+\.) ", s) is not None
+        if fence or s.startswith("```") or not s or s.startswith(("|", "#", "<!--", "-->")) or item:
+            if cur:
+                out.append((start, " ".join(cur)))
+                cur = []
+            if fence or not item:
+                continue
+        if not cur:
+            start = n
+        cur.append(s)
+    if cur:
+        out.append((start, " ".join(cur)))
+    return out
+
+
+def test_paragraphs_splits_prose_from_code_tables_and_list_items() -> None:
+    text = "one two\nthree\n\n```\nfour five six\n```\n| a | b |\n- item one\n  goes on\n- item two\n"
+    assert paragraphs(text) == [(1, "one two three"), (8, "- item one goes on"), (10, "- item two")]
+
+
+@pytest.mark.parametrize("page", PARAGRAPH_PAGES)
+def test_no_paragraph_over_120_words(page: str) -> None:
+    path = ROOT / page
+    long = [(n, len(p.split())) for n, p in paragraphs(path.read_text(encoding="utf-8")) if len(p.split()) > PARAGRAPH_MAX_WORDS]
+    assert not long, f"{page}: paragraphs over {PARAGRAPH_MAX_WORDS} words (line, words): {long}"
+
+
+def test_every_lab_result_the_docs_cite_exists() -> None:
+    missing = []
+    for page in _pages():
+        for n, hit in _offenders(page.read_text(encoding="utf-8"), re.compile(r"lab/results/[\w./-]+\.(?:txt|json)")):
+            if not (ROOT / hit).is_file():
+                missing.append(f"{page.relative_to(ROOT)}:{n}: {hit}")
+    assert not missing, "cited raw outputs that do not exist:\n" + "\n".join(missing)
 
 
 # -- links and paths ----------------------------------------------------------------------------------
