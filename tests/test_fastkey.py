@@ -19,6 +19,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from fallbacks import falls_back
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from plugin_fixtures import FaultyPlugin
@@ -343,7 +344,8 @@ def test_ops_use_the_installed_key_functions(fast) -> None:
 
 
 def test_hot_path_and_guard_under_cpp_keys(fast) -> None:
-    with fresh_runtime([("faulty", FaultyPlugin())]) as rt, torch.inference_mode():
+    with fresh_runtime([("faulty", FaultyPlugin())]) as rt, torch.inference_mode(), falls_back("faulty:wrong"), \
+            falls_back("faulty:wrong", "raised"), falls_back("faulty:crashing", "raised"):  # wrong: .view() of xt
         x, u, g = inputs()
         assert torch.equal(gated_residual(x, u, g), x + u * g)
         assert [(e.impl, e.status) for e in rt.events] == [

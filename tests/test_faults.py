@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import re
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+from fallbacks import falls_back
 
 import xbackend
 from xbackend.ops import gated_residual as gr
@@ -43,12 +43,6 @@ def plugin(op: str, name: str, fn, **fields):
 
 def statuses(rt) -> list[tuple[str, str]]:
     return [(e.impl, e.status) for e in rt.events]
-
-
-def falls_back(impl: str, what: str = "failed verification") -> pytest.WarningsRecorder:
-    """The FallbackWarning an injected fault must raise: asserted here, so the test output shows it
-    only when it is missing."""
-    return pytest.warns(xbackend.FallbackWarning, match=f"impl {re.escape(impl)} {what} on ")
 
 
 # -- wrong answers -------------------------------------------------------------------------------
@@ -95,9 +89,8 @@ def test_an_empty_input_returned_as_the_output_is_rejected() -> None:
         return x if x.numel() == 0 else gr.reference(x, u, g)
 
     x, u, g = torch.zeros(0, 8, 64), torch.zeros(0, 8, 64), torch.ones(1, 1, 64)
-    with fresh_runtime([plugin("gated_residual", "early", shortcut)]) as rt:
-        with falls_back("early:early"):
-            out = gated_residual(x, u, g)
+    with fresh_runtime([plugin("gated_residual", "early", shortcut)]) as rt, falls_back("early:early"):
+        out = gated_residual(x, u, g)
         assert out is not x and out.shape == x.shape
         assert statuses(rt)[0] == ("early:early", "mismatch")
         assert "sharing memory with input 'x'" in rt.events[0].detail
@@ -114,13 +107,12 @@ def test_outputs_sharing_one_storage_are_rejected() -> None:
         return buf[0], buf[1]
 
     x, u, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
-    with fresh_runtime([plugin("add_rmsnorm", "fused", one_buffer)]) as rt:
-        with falls_back("fused:fused"):
-            xbackend.get_op("add_rmsnorm")(x, u, w)
+    with fresh_runtime([plugin("add_rmsnorm", "fused", one_buffer)]) as rt, falls_back("fused:fused"):
+        xbackend.get_op("add_rmsnorm")(x, u, w)
         assert statuses(rt)[0] == ("fused:fused", "mismatch")
         assert "output 1 sharing memory with output 0" in rt.events[0].detail
         xg = x.clone().requires_grad_()
-        h, y = xbackend.get_op("add_rmsnorm")(xg, u, w)
+        h, y = xbackend.get_op("add_rmsnorm")(xg, u, w)  # autograd's path: its own key, checked again
         (h.sum() + y.sum()).backward()
 
 
