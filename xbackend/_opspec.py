@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ._active import dispatch
 from ._guard import ALIGN, alignment
 from ._precision import Output, Precision, compare
 
@@ -289,8 +290,6 @@ def define_op(
     holder: list[OpSpec] = []  # the spec the kernel dispatches, made once the custom op exists
 
     def kernel(*args: Any) -> Output:
-        from ._runtime import dispatch  # imported here: the runtime imports this module
-
         out = dispatch(holder[0], _tuples(args) if lists else args)
         return contiguous(out) if isinstance(out, torch.Tensor) else tuple(contiguous(out))  # what the fake promises
 
@@ -409,8 +408,6 @@ def _tuples(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _dispatcher(spec: OpSpec) -> Callable[..., Output]:
     def call(*args: Any) -> Output:
-        from ._runtime import dispatch
-
         return dispatch(spec, args)
 
     return call

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from . import _fastkey
+from ._active import current, dispatch, runtime, set_default, set_runtime
 from ._device import Device, device_families, probe, simulated
 from ._guard import (
     GUARD_SIGNALS,
@@ -469,31 +470,6 @@ def _empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-_current: Runtime | None = None
-_current_lock = threading.Lock()
-
-
-def runtime() -> Runtime:
-    """The process-wide runtime, created on first use."""
-    global _current
-    if _current is None:
-        with _current_lock:
-            if _current is None:
-                _current = Runtime()
-    return _current
-
-
-def set_runtime(rt: Runtime | None) -> Runtime | None:
-    """Swap the process-wide runtime (tests); returns the previous one."""
-    global _current
-    previous, _current = _current, rt
-    return previous
-
-
-def current() -> Runtime | None:
-    """The process-wide runtime if one exists (never creates it)."""
-    return _current
-
-
-def dispatch(spec: OpSpec, args: tuple[Any, ...]) -> Output:
-    return (_current or runtime()).dispatch(spec, args)
+# The process-wide runtime lives in _active (below the op layer, which dispatches through it); this
+# module's Runtime is the one it creates on first use.
+set_default(Runtime)
