@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from xbackend.cli import main
+from xbackend.fleet import SCHEMA_VERSION
 
 
 def test_info_on_cpu(capsys) -> None:
@@ -58,7 +59,7 @@ def test_plan_json_for_a_simulated_fleet(capsys) -> None:
     for target in ("sm90", "sm100", "gfx950", "mi300x"):
         assert main(["plan", "--device", target, "--op", "rmsnorm", "--json"]) == 0
         data = json.loads(capsys.readouterr().out)
-        assert data["schema_version"] == 2 and {p["name"] for p in data["plugins"]} >= {"cuda", "rocm"}
+        assert data["schema_version"] == SCHEMA_VERSION and {p["name"] for p in data["plugins"]} >= {"cuda", "rocm"}
         [t] = data["targets"]
         assert t["target"] == target and t["device"]["simulated"] is True and t["planned_as"] == "deployed"
         [p] = t["plans"]
