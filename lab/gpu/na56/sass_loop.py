@@ -2,8 +2,7 @@
 and count the SASS instructions of the shortest backward-branch span holding the loop's eight HGMMAs (four
 q.k steps, four p.v steps), and of the refill body only the TMA-issuing thread's warp runs.
 
-    python3 lab/gpu/na56/sass_loop.py xbackend/kernels/na_sm90.cu
-    python3 lab/gpu/na56/sass_loop.py lab/gpu/na56/na56.cu -DLATE_REFILL=1
+    python3 lab/gpu/na56/sass_loop.py xbackend/kernels/na_sm90.cu [nvcc flags, e.g. -DNAME=1]
 
 nvdisasm and cuobjdump are Triton's bundled copies, else those on PATH (``nvidia_tool``).
 """
