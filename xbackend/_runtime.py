@@ -154,22 +154,24 @@ class Runtime:
         return dev
 
     def availability(self, impl: Impl) -> str | None:
-        """None when ``impl`` can run on this host, else why not: its ``fn`` (a "module:function"
-        string) does not import, or its ``available()`` says so. Checked once per impl."""
+        """None when ``impl`` can run on this host, else why not: its ``available()`` says so, or its
+        ``fn`` (a "module:function" string) does not import. ``available()`` is asked first: it names
+        the missing dependency ("triton is not installed") that an ``fn`` import would only fail on.
+        Checked once per impl."""
         if impl.available is None and not isinstance(impl.fn, str):
             return None
         if impl not in self._available:
             reason = None
-            if isinstance(impl.fn, str):
-                try:
-                    impl.resolved("fn")
-                except Exception as e:
-                    reason = f"cannot import fn {impl.fn!r}: {type(e).__name__}: {e}"
-            if reason is None and impl.available is not None:
+            if impl.available is not None:
                 try:
                     reason = impl.available()
                 except Exception as e:  # e.g. `import aiter` raises RuntimeError off ROCm
                     reason = f"{type(e).__name__}: {e}"
+            if reason is None and isinstance(impl.fn, str):
+                try:
+                    impl.resolved("fn")
+                except Exception as e:
+                    reason = f"cannot import fn {impl.fn!r}: {type(e).__name__}: {e}"
             self._available[impl] = reason
         return self._available[impl]
 

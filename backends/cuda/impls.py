@@ -10,6 +10,7 @@ from xbackend import Impl
 from xbackend.kernels import triton_available
 
 _L = "xbackend_cuda.launch"
+_S = "xbackend_cuda.supports"  # no Triton import: a host without it plans this vendor's GPUs
 _K = "xbackend.kernels"
 # The pointwise kernels have no architecture-specific schedule: one registration covers SM90 to
 # SM103 (run on SM90; compiled for SM100/SM103, not run there).
@@ -31,7 +32,7 @@ HALF = frozenset({torch.bfloat16, torch.float16})
 H200 = (("2.11", "3.6", "sm90"),)
 
 IMPLS: list[Impl] = [
-    Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_L}:supports_rmsnorm", priority=100,
+    Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_S}:supports_rmsnorm", priority=100,
          devices=POINTWISE, available=triton_available,
          description="Triton, PyTorch's fp32 reduction order reproduced (bit-exact, both flavours)", verified_on=H200),
     # One tree-sum reduction: not faster than the exact kernels at D=4096 (lab/gpu/rmsnorm_exact.py on an H200), so it
@@ -45,7 +46,7 @@ IMPLS: list[Impl] = [
          supports=f"{_K}.rmsnorm:supports_rmsnorm_fast_diffusers", priority=90, dtypes=HALF, devices=POINTWISE,
          precision=xbackend.ulp(2), available=triton_available,
          description="Triton, one tree-sum reduction, diffusers flavour (max 2 ulp: two roundings)", verified_on=H200),
-    Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_L}:supports_rmsnorm_modulate",
+    Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_S}:supports_rmsnorm_modulate",
          priority=100, devices=POINTWISE, available=triton_available,
          description="Triton, norm + (1 + scale) + shift fused, eager's roundings (bit-exact)", verified_on=H200),
     Impl(op="rmsnorm_modulate", name="triton_fast", fn=f"{_L}:rmsnorm_modulate_fast",
@@ -53,7 +54,7 @@ IMPLS: list[Impl] = [
          precision=xbackend.tolerance(5e-3), available=triton_available,
          description="Triton fused modulate, one-sum reduction (+shift cancels: up to 64 ulp near 0)",
          verified_on=H200),
-    Impl(op="add_rmsnorm", name="triton", fn=f"{_L}:add_rmsnorm", supports=f"{_L}:supports_add_rmsnorm",
+    Impl(op="add_rmsnorm", name="triton", fn=f"{_L}:add_rmsnorm", supports=f"{_S}:supports_add_rmsnorm",
          priority=100, devices=POINTWISE, available=triton_available,
          description="Triton, residual add + norm (+ modulate) in one pass, eager's roundings (bit-exact)",
          verified_on=H200),
@@ -62,24 +63,24 @@ IMPLS: list[Impl] = [
          supports=f"{_K}.cuda_gated_residual:supports", priority=110, devices=POINTWISE, available=_cuda_ext_available,
          description="CUDA C++ (JIT), 16-byte vectors, row-tiled broadcast gate, no FMA (bit-exact)", verified_on=H200),
     Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual_triton",
-         supports=f"{_K}.triton_gated_residual:supports", priority=100, devices=POINTWISE, available=triton_available,
+         supports=f"{_K}._gated_residual_layout:supports", priority=100, devices=POINTWISE, available=triton_available,
          description="Triton, row-tiled, fp fusion off (bit-exact)", verified_on=H200),
     Impl(op="rotary_embedding", name="triton", fn=f"{_K}.triton_rotary:rotary_embedding",
-         supports=f"{_K}.triton_rotary:supports", priority=100, devices=POINTWISE, available=triton_available,
+         supports=f"{_K}.triton_rotary_plan:supports", priority=100, devices=POINTWISE, available=triton_available,
          description="Triton interleaved RoPE: one pass, eager's fp32 roundings (bit-exact)", verified_on=H200),
-    Impl(op="silu_mul", name="triton", fn=f"{_K}.triton_silu_mul:silu_mul", supports=f"{_K}.triton_silu_mul:supports",
+    Impl(op="silu_mul", name="triton", fn=f"{_K}.triton_silu_mul:silu_mul", supports=f"{_K}.triton_silu_mul_plan:supports",
          priority=100, devices=POINTWISE, available=triton_available,
          description="Triton SwiGLU glue: libdevice expf, IEEE division, eager's two roundings (bit-exact)", verified_on=H200),
-    Impl(op="qk_norm_rope", name="triton", fn=f"{_L}:qk_norm_rope", supports=f"{_L}:supports_qk_norm_rope",
+    Impl(op="qk_norm_rope", name="triton", fn=f"{_L}:qk_norm_rope", supports=f"{_S}:supports_qk_norm_rope",
          priority=100, devices=POINTWISE, available=triton_available,
          description="Triton q/k RMSNorm + RoPE in one pass, cos/sin read once (bit-exact)", verified_on=H200),
-    Impl(op="qk_norm_rope_3d", name="triton", fn=f"{_L}:qk_norm_rope_3d", supports=f"{_L}:supports_qk_norm_rope_3d",
+    Impl(op="qk_norm_rope_3d", name="triton", fn=f"{_L}:qk_norm_rope_3d", supports=f"{_S}:supports_qk_norm_rope_3d",
          priority=100, devices=POINTWISE, available=triton_available,
          description="Triton per-head RMSNorm + scale + 3-D axial RoPE of q and k in one pass (bit-exact)",
          verified_on=H200),
     # Hopper-tuned fused kernel, SM90 only: its schedule regressed on SM103.
     Impl(op="neighborhood_attention", name="na_triton", fn=f"{_K}.na_triton:neighborhood_attention",
-         supports=f"{_K}.na_triton:supports", priority=100, devices="sm90", dtypes=HALF, precision=NA_TOLERANCE,
+         supports=f"{_K}.na_triton_config:supports", priority=100, devices="sm90", dtypes=HALF, precision=NA_TOLERANCE,
          available=triton_available, description="Triton fused NA over spatial tiles, skips masked KV blocks",
          verified_on=H200),
     Impl(op="neighborhood_attention", name="na_flex", fn=f"{_K}.na_flex:neighborhood_attention",

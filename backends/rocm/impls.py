@@ -10,6 +10,7 @@ from xbackend import Impl
 from xbackend.kernels import triton_available
 
 _L = "xbackend_rocm.launch"
+_S = "xbackend_rocm.supports"  # no Triton import: a host without it plans this vendor's GPUs
 _K = "xbackend.kernels"
 CDNA = "gfx942,gfx950"  # MI300X/MI325X, MI350X/MI355X
 HALF = frozenset({torch.float16, torch.bfloat16})
@@ -34,7 +35,7 @@ IMPLS: list[Impl] = [
          supports=f"{_K}.aiter_rmsnorm:supports_diffusers_flavour", priority=120, devices=CDNA,
          precision=xbackend.ulp(2), available=_aiter_available,
          description="AMD AITER CK rms_norm standing in for diffusers' two-rounding RMSNorm"),
-    Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_L}:supports_rmsnorm", priority=100,
+    Impl(op="rmsnorm", name="triton", fn=f"{_L}:rmsnorm", supports=f"{_S}:supports_rmsnorm", priority=100,
          devices=CDNA, available=triton_available, description="Triton, a ROCm build's reduction order reproduced"),
     # bf16/fp16 only, as on CUDA: in fp32 the same tree sum landed 2-3 ulp from eager there.
     Impl(op="rmsnorm", name="triton_fast", fn=f"{_L}:rmsnorm_fast",
@@ -43,26 +44,26 @@ IMPLS: list[Impl] = [
     Impl(op="rmsnorm", name="triton_fast_diffusers", fn=f"{_L}:rmsnorm_fast",
          supports=f"{_K}.rmsnorm:supports_rmsnorm_fast_diffusers", priority=90, dtypes=HALF, devices=CDNA,
          precision=xbackend.ulp(2), available=triton_available),
-    Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_L}:supports_rmsnorm_modulate",
+    Impl(op="rmsnorm_modulate", name="triton", fn=f"{_L}:rmsnorm_modulate", supports=f"{_S}:supports_rmsnorm_modulate",
          priority=100, devices=CDNA, available=triton_available),
     Impl(op="rmsnorm_modulate", name="triton_fast", fn=f"{_L}:rmsnorm_modulate_fast",
          supports=f"{_K}.rmsnorm:supports_rmsnorm_modulate_fast", priority=90, devices=CDNA,
          precision=xbackend.tolerance(5e-3), available=triton_available),
-    Impl(op="add_rmsnorm", name="triton", fn=f"{_L}:add_rmsnorm", supports=f"{_L}:supports_add_rmsnorm",
+    Impl(op="add_rmsnorm", name="triton", fn=f"{_L}:add_rmsnorm", supports=f"{_S}:supports_add_rmsnorm",
          priority=100, devices=CDNA, available=triton_available,
          description="Triton, residual add + norm (+ modulate), a ROCm build's order"),
-    Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual", supports=f"{_K}.triton_gated_residual:supports",
+    Impl(op="gated_residual", name="triton", fn=f"{_L}:gated_residual", supports=f"{_K}._gated_residual_layout:supports",
          priority=100, devices=CDNA, available=triton_available, description="Triton, fp fusion off (bit-exact)"),
     Impl(op="rotary_embedding", name="triton", fn=f"{_K}.triton_rotary:rotary_embedding",
-         supports=f"{_K}.triton_rotary:supports", priority=100, devices=CDNA, available=triton_available,
+         supports=f"{_K}.triton_rotary_plan:supports", priority=100, devices=CDNA, available=triton_available,
          description="Triton interleaved RoPE, fp32 IEEE steps as eager rounds them"),
-    Impl(op="silu_mul", name="triton", fn=f"{_K}.triton_silu_mul:silu_mul", supports=f"{_K}.triton_silu_mul:supports",
+    Impl(op="silu_mul", name="triton", fn=f"{_K}.triton_silu_mul:silu_mul", supports=f"{_K}.triton_silu_mul_plan:supports",
          priority=100, devices=CDNA, available=triton_available,
          description="Triton SwiGLU glue: ocml expf (what HIP's expf calls), IEEE division, eager's two roundings"),
-    Impl(op="qk_norm_rope", name="triton", fn=f"{_L}:qk_norm_rope", supports=f"{_L}:supports_qk_norm_rope",
+    Impl(op="qk_norm_rope", name="triton", fn=f"{_L}:qk_norm_rope", supports=f"{_S}:supports_qk_norm_rope",
          priority=100, devices=CDNA, available=triton_available,
          description="Triton q/k RMSNorm (a ROCm build's order) + RoPE in one pass"),
-    Impl(op="qk_norm_rope_3d", name="triton", fn=f"{_L}:qk_norm_rope_3d", supports=f"{_L}:supports_qk_norm_rope_3d",
+    Impl(op="qk_norm_rope_3d", name="triton", fn=f"{_L}:qk_norm_rope_3d", supports=f"{_S}:supports_qk_norm_rope_3d",
          priority=100, devices=CDNA, available=triton_available,
          description="Triton per-head RMSNorm (a ROCm build's order) + scale + 3-D axial RoPE in one pass"),
     Impl(op="neighborhood_attention", name="na_flex", fn=f"{_K}.na_flex:neighborhood_attention",

@@ -107,3 +107,10 @@ def analyze(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> GateLa
         return stride
     return GateLayout(rows=rows, d=d, per_token=per_token, inner=max(inner, 1),
                       gate_row_stride=stride)
+
+
+def supports(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> str | None:
+    """Why the Triton kernel cannot take these inputs, or None when it can. Shapes only (the device is
+    the resolver's filter), so it answers for meta tensors and imports no Triton."""
+    layout = analyze(x, update, gate)
+    return layout if isinstance(layout, str) else None

@@ -105,16 +105,21 @@ try:  # Gluon (triton.experimental.gluon) ships with Triton 3.6 and later
     from xbackend.kernels import na_gluon, na_gluon_ws
 except ImportError:  # pragma: no cover - older Triton: the shift launch stays na_triton's
     na_gluon = na_gluon_ws = None
-from xbackend.kernels.na_triton_config import NAConfig, choose_config, config_for, leader_span, pad3, visited_pairs
+from xbackend.kernels.na_triton_config import (
+    HEAD_DIMS,
+    NAConfig,
+    choose_config,
+    config_for,
+    leader_span,
+    pad3,
+    supports,
+    visited_pairs,
+)
 
 __all__ = ["HEAD_DIMS", "NAConfig", "choose_config", "config_for", "leader_span", "neighborhood_attention", "supports",
            "tma_layout_ok", "visited_pairs"]
 
 _LOG2E = 1.4426950408889634
-
-# Head dims supports() accepts. 80 and 96 run padded to the next power of two (128), so they cost
-# what 128 costs in shared memory and tensor-core work.
-HEAD_DIMS = (32, 64, 80, 96, 128)
 
 # The largest score bound (log2 units) the shift path takes: the best key's term is then at least
 # 2**-(2 * SHIFT_MAX), far above fp32's smallest normal (2**-126), so no row's sum underflows.
@@ -122,33 +127,6 @@ SHIFT_MAX = 48.0
 
 
 # ---------------------------------------------------------------- entry points
-
-
-def supports(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kernel_size: tuple[int, ...],
-    dilation: tuple[int, ...],
-    is_causal: tuple[bool, ...],
-    scale: float | None,
-    stride: tuple[int, ...] | None = None,
-) -> str | None:
-    if q.device.type not in ("cuda", "meta"):  # meta: planning for a simulated device
-        return "needs a CUDA device"
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"dtype {q.dtype} not supported (bf16/fp16 only)"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        return "q, k, v dtypes differ"
-    if not (k.shape == q.shape and v.shape == q.shape):
-        return "q, k, v must share one shape"
-    if not 1 <= q.dim() - 3 <= 3:
-        return "needs 1 to 3 spatial dims"
-    if q.shape[-1] not in HEAD_DIMS:
-        return f"head_dim {q.shape[-1]} not in {HEAD_DIMS}"
-    if any(t.stride(-1) != 1 for t in (q, k, v)):
-        return "needs contiguous last dim"
-    return None
 
 
 def _as_3d(x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
-"""na_triton's launch configuration: the frozen ``NAConfig`` record, the tile-shape choice and the
-work model behind it (``visited_pairs``: the query-key pairs the kernel computes under a config).
+"""na_triton's inputs and launch configuration: which inputs it takes (``supports``, ``HEAD_DIMS``), the
+frozen ``NAConfig`` record, the tile-shape choice and the work model behind it (``visited_pairs``: the
+query-key pairs the kernel computes under a config).
 
-Pure Python, no Triton import. The window rule here (``_window``) is the kernel's
+Pure Python, no Triton import: the impl's ``supports`` answers where Triton cannot be imported (a CPU
+host planning a simulated GPU). The window rule here (``_window``) is the kernel's
 ``win_start``/``win_end`` (``na_triton_blocks.py``) in Python.
 """
 
@@ -12,8 +14,42 @@ import functools
 import math
 from dataclasses import dataclass
 
-__all__ = ["TMA_MIN_HEAD_DIM", "NAConfig", "choose_config", "config_for", "leader_span", "pad3", "tma_pays",
-           "visited_pairs"]
+import torch
+
+__all__ = ["HEAD_DIMS", "TMA_MIN_HEAD_DIM", "NAConfig", "choose_config", "config_for", "leader_span", "pad3",
+           "supports", "tma_pays", "visited_pairs"]
+
+# Head dims supports() accepts. 80 and 96 run padded to the next power of two (128), so they cost
+# what 128 costs in shared memory and tensor-core work.
+HEAD_DIMS = (32, 64, 80, 96, 128)
+
+
+def supports(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kernel_size: tuple[int, ...],
+    dilation: tuple[int, ...],
+    is_causal: tuple[bool, ...],
+    scale: float | None,
+    stride: tuple[int, ...] | None = None,
+) -> str | None:
+    """Why na_triton cannot take these inputs, or None (shapes, strides and dtypes only)."""
+    if q.device.type not in ("cuda", "meta"):  # meta: planning for a simulated device
+        return "needs a CUDA device"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {q.dtype} not supported (bf16/fp16 only)"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return "q, k, v dtypes differ"
+    if not (k.shape == q.shape and v.shape == q.shape):
+        return "q, k, v must share one shape"
+    if not 1 <= q.dim() - 3 <= 3:
+        return "needs 1 to 3 spatial dims"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head_dim {q.shape[-1]} not in {HEAD_DIMS}"
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        return "needs contiguous last dim"
+    return None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from xbackend.kernels._gated_residual_layout import GateLayout, analyze
+from xbackend.kernels._gated_residual_layout import supports as supports  # no Triton: what impls register
 from xbackend.kernels._triton_launch import DirectLaunch
 from xbackend.kernels.spans import wide
 from xbackend.kernels.triton_tiles import column_fastest_tile
@@ -81,15 +82,6 @@ def _gated_residual_kernel(
     prod = (u.to(tl.float32) * g.to(tl.float32)).to(x.dtype)
     out = (x.to(tl.float32) + prod.to(tl.float32)).to(x.dtype)
     tl.store(out_ptr + offs, out, mask=mask)
-
-
-def supports(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> str | None:
-    """Why this kernel cannot take these inputs, or None when it can."""
-    layout = analyze(x, update, gate)
-    if isinstance(layout, str):
-        return layout
-    # The device is the resolver's filter; this sees shapes only (it also answers for meta tensors).
-    return None
 
 
 _KERNEL = DirectLaunch(_gated_residual_kernel)

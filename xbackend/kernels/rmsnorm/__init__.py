@@ -17,10 +17,12 @@ divides, ``rsqrt.approx.f32`` where CUDA calls ``rsqrtf``) and the kernels are c
 ``enable_fp_fusion=False`` so LLVM cannot contract anything PyTorch rounds separately.
 
 Modules: ``numerics`` (which build's order: the porting surface, data only), ``primitives`` (the
-Triton fold/tree/rsqrt/normalize helpers other kernels reuse), ``exact`` and ``fast`` (the kernels
-and the tiles they load), ``supports`` (which inputs each kernel takes), ``launch`` (schedules,
-vendor launch traits, the cached per-call path). The entry points below take the ``Numerics`` to
-reproduce explicitly; a vendor backend binds its own with ``rmsnorm_with`` and friends.
+Triton fold/tree/rsqrt/normalize helpers other kernels reuse), ``exact`` and ``fast`` (the kernels),
+``tiles`` (the tiles they load and the default schedule, plain Python), ``supports`` (which inputs
+each kernel takes), ``schedules`` (schedules and vendor launch traits, data), ``launch`` (the cached
+per-call path). Only ``exact``, ``fast``, ``primitives`` and ``launch`` import Triton. The entry points
+below take the ``Numerics`` to reproduce explicitly; a vendor backend binds its own with
+``rmsnorm_with`` and friends.
 
 ``add_rmsnorm`` runs the same exact kernel on ``x + update`` (rounded as eager's add rounds it) and
 also writes that sum.
@@ -31,20 +33,12 @@ exact kernels reject: ulp-bounded, not bit-exact (``fast``).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from xbackend.kernels.rmsnorm.launch import (
-    DEFAULT_TRAITS,
-    OPS,
-    LaunchTraits,
-    Schedule,
-    ScheduleEntry,
-    Variant,
-    launcher,
-    schedule_table,
-)
 from xbackend.kernels.rmsnorm.numerics import (
     ARR_ARKB,
     ARR_MERGED,
@@ -58,6 +52,15 @@ from xbackend.kernels.rmsnorm.numerics import (
     Numerics,
     Verification,
 )
+from xbackend.kernels.rmsnorm.schedules import (
+    DEFAULT_TRAITS,
+    OPS,
+    LaunchTraits,
+    Schedule,
+    ScheduleEntry,
+    Variant,
+    schedule_table,
+)
 from xbackend.kernels.rmsnorm.supports import (
     NotVectorizable,
     supports_add_rmsnorm,
@@ -70,6 +73,22 @@ from xbackend.kernels.rmsnorm.supports import (
 )
 
 _DEFAULT = Schedule()
+# The modules that define or launch kernels import Triton; this package and its supports_* do not, so
+# an impl's supports() answers where Triton is missing (a CPU host planning a simulated GPU).
+_TRITON_MODULES = ("exact", "fast", "launch", "primitives")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRITON_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def launcher(variant: Variant) -> Any:
+    """``launch.launcher(variant)``, the launch module (and Triton) imported on the first call."""
+    from xbackend.kernels.rmsnorm.launch import launcher as launch_launcher
+
+    return launch_launcher(variant)
 
 
 def rmsnorm(

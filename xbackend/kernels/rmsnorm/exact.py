@@ -3,7 +3,7 @@
 ``_rmsnorm_exact_kernel`` loads a tile of R rows whose axes are the emulated aten kernel's (thread,
 vector lane, loop iteration), computes each row's statistic in that kernel's order (``row_stat``),
 then normalizes (and modulates) with eager's roundings. With ``RESIDUAL`` the row is first the sum
-``x + update``, rounded to x's dtype as eager's add rounds it and stored (the op's first output). The host side here derives the tile from a
+``x + update``, rounded to x's dtype as eager's add rounds it and stored (the op's first output). The host side (``tiles``) derives the tile from a
 ``Numerics`` record and the row shape, as aten derives its launch:
 
 * "torch" (``layer_norm_kernel.cu``): ``torch_threads`` threads, 4-element vectors, thread ``t`` reads
@@ -17,10 +17,8 @@ K is padded to a power of two; masked padding adds exact zeros at the end of eve
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
-import numpy as np
 import triton
 import triton.language as tl
 
@@ -29,7 +27,6 @@ try:  # Triton >= 3.4; without it the kernel is never launched with PDL (launch.
 except ImportError:  # pragma: no cover - older Triton, or a build without the NVIDIA backend
     gdc_launch_dependents = gdc_wait = None
 
-from xbackend.kernels.rmsnorm.numerics import MEAN_VEC, TORCH_VEC, Numerics
 from xbackend.kernels.rmsnorm.primitives import (
     ARR_ARKB,
     FLAVOUR_TORCH,
@@ -39,14 +36,19 @@ from xbackend.kernels.rmsnorm.primitives import (
     row_stat,
     rsqrt,
 )
+from xbackend.kernels.rmsnorm.tiles import (
+    MAX_EXACT_D,
+    Tile,
+    f32,
+    last_pow2,
+    mean_config,
+    mean_factor,
+    mean_tile,
+    next_pow2,
+    torch_tile,
+)
 
 COL_STRIDE = 1  # the exact kernel's col_stride argument (see the kernel)
-MAX_EXACT_D = 16384  # longest fold the kernel unrolls: 128 steps (torch) / 64 steps (mean)
-# Reduce.cuh setReduceConfig's constants (the same in every build this reproduces):
-MEAN_MAX_THREADS = 512  # mnt_wrapper<float>::MAX_NUM_THREADS
-MEAN_VECTORIZE_D = 128  # the input is vectorized from this row length on
-MEAN_SPLIT_PER_WARP = 16  # warp_split_threshold = min(block_height * 16, max_values_per_thread)
-MEAN_MAX_VALUES = 256  # max_values_per_thread: above it a row is split across blocks (a global reduce)
 
 
 # col_stride is always COL_STRIDE and unread: it stays a runtime parameter (do_not_specialize) so the
@@ -183,82 +185,6 @@ class ExactConstexprs(NamedTuple):
     MOD_FLAT: bool
     RESIDUAL: bool
     WIDE: bool
-
-
-def last_pow2(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-class Tile(NamedTuple):
-    """Tile of the exact kernel: [K, A, B] per row, plus the emulated block shape."""
-
-    k: int
-    a: int
-    b: int
-    vec_form: bool
-    bw: int
-    y: int
-
-
-@functools.lru_cache(maxsize=1024)  # pure in its ints; runs on every launch plan
-def torch_tile(d: int, num: Numerics) -> Tile:
-    """aten vectorized layer-norm kernel: torch_threads threads, vec_size 4, no tail (D % 4 == 0)."""
-    threads = num.torch_threads
-    iters = -(-(d // TORCH_VEC) // threads)
-    return Tile(k=next_pow2(iters), a=threads, b=TORCH_VEC, vec_form=True, bw=threads, y=1)
-
-
-def mean_config(m: int, d: int, warp: int) -> tuple[bool, int, int, int] | str:
-    """Reduce.cuh setReduceConfig for a contiguous fp32 [m, d] tensor reduced over its last dim.
-
-    Returns (vectorize_input, block_width, threads in y per row, ctas per output) or a reason.
-    """
-    vectorize = d >= MEAN_VECTORIZE_D  # reduction on the fastest dim, one reduce dim
-    dim0 = d // MEAN_VEC if vectorize else d
-    dim1 = m
-    dim0_pow2 = last_pow2(dim0) if dim0 < MEAN_MAX_THREADS else MEAN_MAX_THREADS
-    dim1_pow2 = last_pow2(dim1) if dim1 < MEAN_MAX_THREADS else MEAN_MAX_THREADS
-    bw = min(dim0_pow2, warp)
-    bh = min(dim1_pow2, MEAN_MAX_THREADS // bw)
-    bw = min(dim0_pow2, MEAN_MAX_THREADS // bh)
-    step_input = bw
-    values_per_thread = -(-d // step_input)
-    split_across_warps = values_per_thread >= min(bh * MEAN_SPLIT_PER_WARP, MEAN_MAX_VALUES)
-    y = bh if split_across_warps else 1
-    step_input *= y
-    if split_across_warps and -(-d // step_input) >= MEAN_MAX_VALUES:
-        return "the mean reduce would split rows across thread blocks (global reduce)"
-    return vectorize, bw, y, 1
-
-
-@functools.lru_cache(maxsize=1024)  # pure in its ints; runs on every launch plan
-def mean_tile(m: int, d: int, num: Numerics) -> Tile | str:
-    cfg = mean_config(m, d, num.warp)
-    if isinstance(cfg, str):
-        return cfg
-    vectorize, bw, y, _ = cfg
-    if vectorize and d % MEAN_VEC:
-        return "diffusers exact needs D % 4 == 0 when D >= 128 (aten shifts misaligned rows)"
-    threads = bw * y
-    if vectorize:
-        iters = -(-(d // MEAN_VEC) // threads)
-        return Tile(k=next_pow2(iters), a=threads, b=MEAN_VEC, vec_form=True, bw=bw, y=y)
-    per_thread = -(-d // threads)
-    iters = -(-per_thread // MEAN_VEC)
-    return Tile(k=next_pow2(iters), a=MEAN_VEC, b=threads, vec_form=False, bw=bw, y=y)
-
-
-def mean_factor(m: int, d: int) -> float:
-    """MeanOps factor: float(num_outputs) / numel, all in fp32 like aten."""
-    return float(np.float32(m) / np.float32(m * d))
-
-
-def f32(v: float) -> float:
-    return float(np.float32(v))
 
 
 __all__ = [

@@ -16,8 +16,7 @@ import triton
 import triton.language as tl
 
 from xbackend.kernels.rmsnorm.primitives import bcast_ptrs, modulate, normalize, rsqrt
-
-MAX_FAST_D = 32768  # one row per tile: BLOCK_D = next power of two of D
+from xbackend.kernels.rmsnorm.tiles import MAX_FAST_D
 
 
 @triton.jit

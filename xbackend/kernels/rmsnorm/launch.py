@@ -17,7 +17,6 @@ reciprocal square root is ``tl.math.rsqrt`` (inline PTX cannot run there) and th
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
@@ -25,25 +24,16 @@ import triton
 
 from xbackend.kernels import _triton_launch
 from xbackend.kernels._triton_launch import direct_capable, hooked, launch_compiled
-from xbackend.kernels.rmsnorm.exact import (
-    COL_STRIDE,
-    ExactConstexprs,
-    Tile,
-    _rmsnorm_exact_kernel,
-    f32,
-    gdc_wait,
-    last_pow2,
-    mean_factor,
-    mean_tile,
-    next_pow2,
-    torch_tile,
-)
+from xbackend.kernels.rmsnorm.exact import COL_STRIDE, ExactConstexprs, _rmsnorm_exact_kernel, gdc_wait
 from xbackend.kernels.rmsnorm.fast import FastConstexprs, _rmsnorm_fast_kernel
-from xbackend.kernels.rmsnorm.numerics import ARR_ARKB, ARR_MERGED, FLAVOURS, RSQRT_MATH, TORCH_VEC, Numerics
+from xbackend.kernels.rmsnorm.numerics import FLAVOURS, RSQRT_MATH, TORCH_VEC
 from xbackend.kernels.rmsnorm.schedules import (
+    DEFAULT_TRAITS,
     OPS,
+    LaunchTraits,
     Schedule,
     ScheduleEntry,
+    Variant,
     op_kind,
     schedule_table,
     table_schedule,
@@ -58,51 +48,21 @@ from xbackend.kernels.rmsnorm.supports import (
     mean_checks_alignment,
     supports_rmsnorm_fast,
 )
+from xbackend.kernels.rmsnorm.tiles import (
+    ExactSchedule,
+    bcast_layout,
+    default_arrangement,
+    default_fast_warps,
+    default_rows,
+    exact_schedule,
+    f32,
+    meta,
+    next_pow2,
+)
 from xbackend.kernels.spans import wide
 
-# The default exact schedule gives each Triton lane of a 32-lane warp one emulated thread ("torch":
-# the rest of the row stays in registers) or one fold ("diffusers"): 4 warps for CUDA's 128-thread rows,
-# measured best at [32640, 4096] bf16 on the H200. A launch choice, never the arithmetic; on CDNA a
-# Triton warp is a 64-lane wavefront, so the same count holds two per lane there (unmeasured).
-SCHEDULE_LANES = 32
-MAX_DEFAULT_WARPS = 8
-TILE_ELEMENTS = 4096  # short rows are batched until a program moves about this many elements
-MAX_DEFAULT_ROWS = 64
-FAST_ELEMENTS_PER_WARP = 1024
 MAX_PLANS = 4096  # launch plans kept per launcher (distinct input metadata)
 NO_BCAST = (1, 0, 0, 0)  # (inner, outer stride, inner stride, column stride) of an absent operand
-
-
-class LaunchTraits(NamedTuple):
-    """A vendor's launch decisions for the exact kernels, passed as data by its backend."""
-
-    # Programmatic dependent launch from this compute-capability major on (Hopper's griddepcontrol:
-    # 9 on CUDA); None: never. Each program waits for the previous grid before its first load, then
-    # lets the next PDL launch start, so back-to-back launches overlap launch and tail.
-    pdl_min_major: int | None = None
-    # Schedules measured faster than the default (``schedule_table``), by op kind, D range and element
-    # size. They apply where the caller's schedule sets neither rows_per_program nor num_warps (its
-    # other fields, where set, still win); elsewhere the default.
-    schedules: tuple[ScheduleEntry, ...] = ()
-
-
-DEFAULT_TRAITS = LaunchTraits()  # no PDL, no tuned schedules: what an entry point without a vendor gets
-
-
-class Variant(NamedTuple):
-    """One way to launch: which kernel, which PyTorch build's order, which vendor's traits, which schedule."""
-
-    exact: bool
-    numerics: Numerics  # the fast kernel reads only its rsqrt
-    traits: LaunchTraits = DEFAULT_TRAITS
-    schedule: Schedule = Schedule()
-
-
-class ExactSchedule(NamedTuple):
-    tile: Tile
-    factor: float  # the statistic's multiplier: 1 ("torch": divided by D in the kernel), MeanOps' factor
-    rows: int
-    warps: int
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,95 +78,14 @@ def rows_of(x: torch.Tensor) -> torch.Tensor:
     return x2
 
 
-def bcast_layout(
-    t: torch.Tensor, shape: torch.Size, copy: bool = True
-) -> tuple[torch.Tensor, int, int, int, int] | None:
-    """(tensor, inner, outer stride, inner stride, column stride) addressing t broadcast to shape.
-
-    Row r of the [M, D] view maps to (r // inner) * s_outer + (r % inner) * s_inner; every listed
-    broadcast form ([D], [1,..,1,D], [B,1,D], [B,L,D], [B,1,1,1,D]) needs at most two such groups.
-    Other layouts: a contiguous copy of t broadcast to shape, or None when ``copy`` is False.
-    """
-    te = t.expand(shape)
-    lead = list(zip(shape[:-1], te.stride()[:-1], strict=True))
-    groups: list[list[int]] = []  # [size, stride], innermost first
-    for size, stride in reversed(lead):
-        if size == 1:
-            continue
-        if groups and stride == groups[-1][1] * groups[-1][0]:
-            groups[-1][0] *= size
-        else:
-            groups.append([size, stride])
-    m = math.prod(shape[:-1])
-    if len(groups) > 2:
-        if not copy:
-            return None
-        tc = te.contiguous()
-        return tc, max(m, 1), 0, shape[-1], 1
-    if not groups:
-        return te, max(m, 1), 0, 0, te.stride(-1)
-    inner, s_inner = groups[0]
-    s_outer = groups[1][1] if len(groups) == 2 else 0
-    return te, inner, s_outer, s_inner, te.stride(-1)
-
-
 def _contiguous_layout(t: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
     te, *lay = bcast_layout(t, shape)
     return te, tuple(lay)
 
 
-def meta(t: torch.Tensor | None) -> tuple | None:
-    """What a launch plan depends on in a tensor: shape, strides, dtype, device."""
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-
-
 # --------------------------------------------------------------------------------------------------
 # Schedules
 # --------------------------------------------------------------------------------------------------
-
-
-def default_rows(tile: int) -> int:
-    """Rows per program: small rows are batched so a program moves at least ~4K elements."""
-    return max(1, min(MAX_DEFAULT_ROWS, last_pow2(max(1, TILE_ELEMENTS // max(tile, 1)))))
-
-
-def default_fast_warps(elements: int) -> int:
-    """Warps of a fast-kernel program: one per ~1024 tile elements, a power of two up to 8."""
-    return max(1, min(MAX_DEFAULT_WARPS, next_pow2(max(1, elements // FAST_ELEMENTS_PER_WARP))))
-
-
-def default_arrangement(flavour: str, tile: Tile, rows_per_program: int, modulate: bool) -> int:
-    """Tile arrangement measured fastest on an H200 at [32640, 4096] bf16.
-
-    [A, R, K, B] keeps the torch flavour's folds in registers (4-element vectors); the diffusers
-    modulate moves a third less through shared memory with 16-byte vectors ([A*B, R, K]), and
-    the two are even for the diffusers rmsnorm. Other shapes keep the layout that was measured.
-    """
-    if flavour == "diffusers" and modulate and tile.vec_form and rows_per_program == 1:
-        return ARR_MERGED
-    return ARR_ARKB
-
-
-def exact_schedule(m: int, d: int, flavour: str, num: Numerics, schedule: Schedule) -> ExactSchedule:
-    """The exact kernels' tile, statistic factor, rows per program and warps for [m, d] rows whose
-    ``exact_reason`` is None (also the q/k norm + RoPE kernel's)."""
-    if flavour == "torch":
-        tile, factor = torch_tile(d, num), 1.0
-        if schedule.trim and tile.k == 1 and next_pow2(d // TORCH_VEC) < tile.a:
-            a = next_pow2(d // TORCH_VEC)
-            tile = tile._replace(a=a, bw=a)
-    else:
-        found = mean_tile(max(m, 1), d, num)
-        assert not isinstance(found, str)
-        tile, factor = found, mean_factor(max(m, 1), d)
-        if schedule.trim and not tile.vec_form and tile.k == 1 and tile.a * tile.b > d:
-            # D < 128: thread b's accumulators a hold elements a*B + b, so those past ceil(D / B) hold
-            # exact zeros, which aten adds last (v + 0.0 == v for the non-negative partial sums)
-            tile = tile._replace(a=next_pow2(-(-d // tile.b)))
-    rows = schedule.rows_per_program or default_rows(tile.k * tile.a * tile.b)
-    lanes = tile.a if flavour == "torch" else tile.a * tile.b  # emulated threads / folds per row
-    warps = schedule.num_warps or max(1, min(MAX_DEFAULT_WARPS, lanes // SCHEDULE_LANES))
-    return ExactSchedule(tile, factor, rows, warps)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,9 +1,12 @@
-"""Launch schedules of the RMSNorm kernels (performance only, never the arithmetic) and the vendor
-schedule tables keyed by op kind, D range and element size."""
+"""Launch schedules of the RMSNorm kernels (performance only, never the arithmetic), the vendor
+schedule tables keyed by op kind, D range and element size, and a vendor's launch traits: data only,
+no Triton import (``launch`` reads them)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from xbackend.kernels.rmsnorm.numerics import Numerics
 
 
 class Schedule(NamedTuple):
@@ -74,3 +77,28 @@ def table_schedule(table: tuple[ScheduleEntry, ...], op: str, d: int, itemsize: 
     if tuned is None:
         return schedule
     return tuned._replace(**{f: v for f, v in schedule._asdict().items() if v is not None})
+
+
+class LaunchTraits(NamedTuple):
+    """A vendor's launch decisions for the exact kernels, passed as data by its backend."""
+
+    # Programmatic dependent launch from this compute-capability major on (Hopper's griddepcontrol:
+    # 9 on CUDA); None: never. Each program waits for the previous grid before its first load, then
+    # lets the next PDL launch start, so back-to-back launches overlap launch and tail.
+    pdl_min_major: int | None = None
+    # Schedules measured faster than the default (``schedule_table``), by op kind, D range and element
+    # size. They apply where the caller's schedule sets neither rows_per_program nor num_warps (its
+    # other fields, where set, still win); elsewhere the default.
+    schedules: tuple[ScheduleEntry, ...] = ()
+
+
+DEFAULT_TRAITS = LaunchTraits()  # no PDL, no tuned schedules: what an entry point without a vendor gets
+
+
+class Variant(NamedTuple):
+    """One way to launch: which kernel, which PyTorch build's order, which vendor's traits, which schedule."""
+
+    exact: bool
+    numerics: Numerics  # the fast kernel reads only its rsqrt
+    traits: LaunchTraits = DEFAULT_TRAITS
+    schedule: Schedule = Schedule()

@@ -7,6 +7,9 @@ with D >= 128 and D % 4 != 0 is shifted by aten, and very long rows reduce acros
 inputs are refused here with the reason. Pointer alignment is a property of each call, not of the
 shapes a plan or a dispatch key is cached by: ``alignment=False`` leaves it to the call, which then
 raises ``NotVectorizable``.
+
+Nothing here imports Triton (the tile arithmetic is ``tiles``'): an impl's ``supports`` answers on a
+host without it, as when a CPU runner plans a simulated GPU.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ import os
 
 import torch
 
-from xbackend.kernels.rmsnorm.exact import MAX_EXACT_D, MEAN_VECTORIZE_D, mean_tile
-from xbackend.kernels.rmsnorm.fast import MAX_FAST_D
 from xbackend.kernels.rmsnorm.numerics import FLAVOURS, MEAN_VEC, TORCH_VEC, Numerics
+from xbackend.kernels.rmsnorm.tiles import MAX_EXACT_D, MAX_FAST_D, MEAN_VECTORIZE_D, mean_tile
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ALIGN_REASON = "x or weight not aligned to 4 elements (aten runs its Welford kernel)"
