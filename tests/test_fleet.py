@@ -68,7 +68,7 @@ def test_the_builtin_fleet_in_one_process_plans_as_deployed(builtin, capsys) -> 
     seconds = time.perf_counter() - t0
     assert code == 0
     doc = json.loads(out)
-    assert doc["schema_version"] == 2 and doc["command"] == "fleet" and doc["xbackend"] == xbackend.__version__
+    assert doc["schema_version"] == 3 and doc["command"] == "fleet" and doc["xbackend"] == xbackend.__version__
     assert [t["target"] for t in doc["targets"]] == list(BUILTIN_FLEET)
     assert sum(len(t["plans"]) for t in doc["targets"]) == 324  # 6 targets x 9 ops x 3 dtypes x 2 tiers
     assert seconds < 30  # ~0.5 s on a 2-core CPU box; one process, no subprocess per plan
@@ -133,13 +133,15 @@ def test_goldens_hold_no_host_or_version_facts() -> None:
     for target in BUILTIN_FLEET:
         text = (GOLDENS / f"{target}.json").read_text()
         doc = json.loads(text)
-        assert set(doc) == {"schema_version", "target", "device", "matrix", "plans"}
+        assert set(doc) == {"schema_version", "target", "device", "plugins", "matrix", "plans"}
         for fact in (torch.__version__, "assumed", "host", "python", "simulated", "no CUDA device", "natten not"):
             assert fact not in text, (target, fact)
 
 
-def test_update_rewrites_byte_identical_goldens(builtin, capsys, tmp_path: Path) -> None:
-    assert _fleet(capsys, "--update", str(tmp_path), "--targets", FLEET)[0] == 0
+def test_update_rewrites_byte_identical_goldens(capsys, tmp_path: Path) -> None:
+    # A new golden records the plugins loaded: the goldens' set, whatever else this host has installed.
+    with fresh_runtime(_builtin_plugins()):
+        assert _fleet(capsys, "--update", str(tmp_path), "--targets", FLEET)[0] == 0
     for target in BUILTIN_FLEET:
         assert (tmp_path / f"{target}.json").read_bytes() == (GOLDENS / f"{target}.json").read_bytes()
 
@@ -479,7 +481,7 @@ def test_local_notes_a_fallback_missing_here_without_failing(builtin, capsys, mo
 def test_plan_json_is_the_fleet_form(builtin, capsys) -> None:
     assert main(["plan", "--device", "h200", "--op", "gated_residual", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema_version"] == 2 and doc["command"] == "plan"
+    assert doc["schema_version"] == 3 and doc["command"] == "plan"
     [t] = doc["targets"]
     assert t["target"] == "h200" and t["planned_as"] == "deployed"
     assert t["plans"][0]["chosen"] == "cuda:cuda_vec"

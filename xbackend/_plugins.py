@@ -70,11 +70,12 @@ class PluginStatus:
 
 
 class Plugins:
-    """The plugin manager with every plugin loaded: entry points (all of them, or with ``autoload``
-    off those ``XBACKEND_PLUGINS`` names) and then ``explicit`` ones, less the blocked names."""
+    """The plugin manager with every plugin loaded: entry points (all of them, with ``autoload`` off
+    those ``XBACKEND_PLUGINS`` names, or exactly those ``entry_points`` names) and then ``explicit``
+    ones, less the blocked names."""
 
     def __init__(self, explicit: Iterable[object | tuple[str, object]] = (), *, autoload: bool | None = None,
-                 block: Iterable[str] | None = None) -> None:
+                 block: Iterable[str] | None = None, entry_points: Iterable[str] | None = None) -> None:
         self.pm = pluggy.PluginManager(CORE)
         self.pm.add_hookspecs(hookspecs)
         # Load-time problems (unknown names, refused plugins, bad environment values), one line each:
@@ -85,15 +86,21 @@ class Plugins:
         # Facts about what loaded that are no problem but explain every plan (``xbackend info``, ``plan``).
         self.notes: list[str] = []
         explicit = list(explicit)
-        if autoload is None:
-            autoload = not env_flag("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", self.problems)
-        named = env_list("XBACKEND_PLUGINS")
-        if autoload and named:
-            self.problem(f"XBACKEND_PLUGINS={','.join(sorted(named))} is ignored: it selects plugins only with "
-                         f"XBACKEND_DISABLE_PLUGIN_AUTOLOAD=1, and autoload is on (every installed plugin loads)")
-        self.only = None if autoload else named
-        if self.only == frozenset() and not explicit:
-            self.notes.append(NO_BACKEND)
+        # Who chose the entry points to load: the environment, or a caller naming them (``entry_points``:
+        # the fleet planning exactly the plugin set a golden records), which the environment does not change.
+        self.selected_by = "XBACKEND_PLUGINS" if entry_points is None else "entry_points"
+        if entry_points is not None:
+            self.only: frozenset[str] | None = frozenset(entry_points)
+        else:
+            if autoload is None:
+                autoload = not env_flag("XBACKEND_DISABLE_PLUGIN_AUTOLOAD", self.problems)
+            named = env_list("XBACKEND_PLUGINS")
+            if autoload and named:
+                self.problem(f"XBACKEND_PLUGINS={','.join(sorted(named))} is ignored: it selects plugins only with "
+                             f"XBACKEND_DISABLE_PLUGIN_AUTOLOAD=1, and autoload is on (every installed plugin loads)")
+            self.only = None if autoload else named
+            if self.only == frozenset() and not explicit:
+                self.notes.append(NO_BACKEND)
         self._load_entry_points(self.only)
         for plugin in explicit:
             name, obj = plugin if isinstance(plugin, tuple) else (getattr(plugin, "__name__", repr(plugin)), plugin)
@@ -224,11 +231,12 @@ class Plugins:
             self.status.setdefault(name, PluginStatus(name, "explicit")).impls = [f"{i.op}:{i.name}" for i in registrar.added]
 
     def check_names(self, registry: Registry) -> None:
-        """A problem for each name in ``XBACKEND_PLUGINS`` or the blocklist that matches nothing."""
+        """A problem for each name in ``XBACKEND_PLUGINS`` (or ``entry_points``) or the blocklist that
+        matches nothing."""
         if self.only:
             unknown = sorted(self.only - set(self.status))
             if unknown:
-                self.problem(f"XBACKEND_PLUGINS names no installed plugin: {', '.join(unknown)} "
+                self.problem(f"{self.selected_by} names no installed plugin: {', '.join(unknown)} "
                              f"(installed: {', '.join(self.entry_point_names()) or 'none'})")
         known = set(self.status)
         for op in registry.ops():

@@ -88,7 +88,8 @@ class _Entry:
 
 class Runtime:
     """Plugin manager + registry + dispatch state. One per process (``xbackend.runtime()``); tests
-    make fresh ones (``xbackend.testing.fresh_runtime``)."""
+    make fresh ones (``xbackend.testing.fresh_runtime``). ``entry_points`` names the entry-point
+    plugins to load, in place of autoload and ``XBACKEND_PLUGINS``."""
 
     def __init__(
         self,
@@ -96,8 +97,9 @@ class Runtime:
         *,
         autoload: bool | None = None,
         block: Iterable[str] | None = None,
+        entry_points: Iterable[str] | None = None,
     ) -> None:
-        loaded = Plugins(plugins, autoload=autoload, block=block)
+        loaded = Plugins(plugins, autoload=autoload, block=block, entry_points=entry_points)
         self.pm, self.blocked, self.plugins = loaded.pm, loaded.blocked, loaded.status
         # Load-time problems (unknown names, refused plugins, bad environment values), one line each.
         self.problems: list[str] = loaded.problems

@@ -17,7 +17,8 @@ from .._api import kernel_ops
 from .._device import BUILTIN_FLEET
 from .._runtime import runtime
 from . import golden
-from .matrix import Envelope, TargetResult, envelope, plan_device, plan_local, plan_target
+from .matrix import SCHEMA_VERSION, Envelope, TargetResult, envelope, plan_device, plan_local, plan_target
+from .plugin_set import PluginSets
 from .render import compile_failures, markdown, table
 from .spec import FleetSpec, Matrix, load_fleet, parse_dtypes, parse_ops, parse_qualities, parse_targets
 from .strict import STRICT_EXIT, fn_problems, load_problems, strict_requested
@@ -44,11 +45,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     f.add_argument("--dtype", metavar="LIST", help="comma-separated dtypes (default: bf16,fp16,fp32)")
     f.add_argument("--quality", metavar="LIST", help="comma-separated quality tiers (default: lossless,high)")
     out = f.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="the JSON document (schema_version 2) on stdout")
+    out.add_argument("--json", action="store_true",
+                     help=f"the JSON document (schema_version {SCHEMA_VERSION}) on stdout")
     out.add_argument("--markdown", action="store_true", help="a Markdown summary for a PR comment")
     gold = f.add_mutually_exclusive_group()
     gold.add_argument("--check", metavar="DIR", help="compare the plans with DIR/<target>.json; exit 1 on drift")
     gold.add_argument("--update", metavar="DIR", help="rewrite DIR/<target>.json from this run")
+    f.add_argument("--all-plugins", action="store_true",
+                   help="with --check/--update: plan with every installed plugin, not only the plugin set each "
+                        "golden records (--update then records them all)")
     f.add_argument("--compile", action="store_true",
                    help="compile each target's planned kernels (xbackend.fleet.compile); exit 1 on a failure "
                         "or an unwaived spill")
@@ -74,19 +79,16 @@ def _matrix(args: argparse.Namespace) -> Matrix:
     return Matrix(parse_ops(args.op, kernel_ops()), parse_dtypes(args.dtype), parse_qualities(args.quality))
 
 
-def _plan_all(rt: Any, args: argparse.Namespace, matrix: Matrix) -> tuple[list[TargetResult], FleetSpec]:
+def _plan_all(rt: Any, args: argparse.Namespace, matrix: Matrix,
+              sets: PluginSets) -> tuple[list[TargetResult], FleetSpec]:
     if args.local:
         goldens = tuple(golden.targets_in(args.check)) if args.check and Path(args.check).is_dir() else ()
-        results = plan_local(rt, matrix, preferred=goldens)
-        if goldens:
-            # A device whose name matches no golden but whose arch has one is checked against that.
-            results = [r if r.target in goldens or r.device.arch not in goldens
-                       else dataclasses.replace(r, target=r.device.arch) for r in results]
-        return results, FleetSpec(())
+        # A device whose name matches no golden but whose arch has one is checked against that.
+        return plan_local(rt, matrix, preferred=goldens, runtime_for=sets.runtime_for), FleetSpec(())
     spec = _spec(args)
     for target in spec.targets:
         rt.device(target.name)  # every name checked before any plan runs: a typo is one clear error
-    return [plan_target(rt, t, matrix) for t in spec.targets], spec
+    return [plan_target(sets.runtime_for(t.name), t, matrix) for t in spec.targets], spec
 
 
 def run_compile(results: list[TargetResult]) -> list[TargetResult]:
@@ -120,7 +122,13 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     rt = runtime()
     strict = strict_requested(args.strict)
     matrix = _matrix(args)
-    results, spec = _plan_all(rt, args, matrix)
+    # Each target is planned with the plugin set its golden records (all loaded plugins without one).
+    sets = PluginSets(rt, args.check or args.update, every_plugin=args.all_plugins)
+    results, spec = _plan_all(rt, args, matrix, sets)
+    if args.update and (refused := sets.missing_for_update()):
+        for line in refused:
+            _say(f"xbackend fleet: {line}", True)
+        return 1
     if args.compile:
         results = run_compile(results)
 
@@ -136,7 +144,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.check:
         checked = golden.check(args.check, results, matrix, kernel_ops())
         drift_text = golden.render_check(args.check, checked)
-        extra["check"] = checked.to_dict(args.check)
+        extra["check"] = {**checked.to_dict(args.check), "plugins": sets.to_dict()}
         failed |= checked.failed
     if args.update:
         for path in golden.write(args.update, results, matrix):
@@ -155,6 +163,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         if drift_text is not None:
             print()
             print(drift_text)
+    for note in sets.notes():
+        _say(f"xbackend fleet: {note}", True)
     for problem in problems:
         _say(f"xbackend fleet: {'error' if strict else 'warning'}: {problem}", True)
     for r in compile_broken:

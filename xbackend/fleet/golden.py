@@ -1,9 +1,10 @@
-"""Goldens: one JSON file per target holding its plans and nothing host- or version-specific, and
-the readable diff of a run against them.
+"""Goldens: one JSON file per target holding its plans, the plugin set they were made with and nothing
+host- or version-specific, and the readable diff of a run against them.
 
 A golden is written byte for byte the same on every machine and every run (sorted keys are not
 needed: every list is in a fixed order, and dicts are built in a fixed order). ``--check`` compares
-the plans only; the device record in a golden is there for a reader.
+the plans only; the device record in a golden is there for a reader, its plugin set picks the plugins
+a run plans that target with (``plugin_set``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 from .matrix import SCHEMA_VERSION, TargetResult
 from .spec import SHORT, Matrix
 
-__all__ = ["CheckResult", "Drift", "NotHere", "check", "dumps", "golden_doc", "golden_path", "render_check", "write"]
+__all__ = ["CheckResult", "Drift", "NotHere", "check", "dumps", "golden_doc", "golden_path", "recorded_plugins",
+           "render_check", "write"]
 
 PlanKey = tuple[str, str, str]  # op, dtype, quality
 
@@ -32,6 +34,7 @@ def golden_doc(result: TargetResult, matrix: Matrix) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "target": result.target,
         "device": {"vendor": d.vendor, "arch": d.arch, "name": d.name},
+        "plugins": list(result.plugins),
         "matrix": matrix.to_dict(),
         "plans": [p.to_dict() for p in result.plans],
     }
@@ -49,6 +52,17 @@ def write(directory: str | Path, results: Iterable[TargetResult], matrix: Matrix
         path.write_text(dumps(golden_doc(result, matrix)))
         written.append(path)
     return written
+
+
+def recorded_plugins(directory: str | Path, target: str) -> tuple[str, ...] | None:
+    """The plugin set ``directory``'s golden of ``target`` records, or None (no such golden, an
+    unreadable one, or one of another schema version)."""
+    try:
+        doc = json.loads(golden_path(directory, target).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    plugins = doc.get("plugins") if isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION else None
+    return tuple(plugins) if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins) else None
 
 
 def targets_in(directory: str | Path) -> list[str]:

@@ -9,8 +9,10 @@ A real device is planned with its real availability.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import platform
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +24,10 @@ from .._registry import Impl
 from .skew import Unverified, host_lane, unverified
 from .spec import DTYPES, FleetTarget, Lane, Matrix
 
-__all__ = ["SCHEMA_VERSION", "Assumption", "TargetResult", "envelope", "plan_device", "plan_target"]
+__all__ = ["SCHEMA_VERSION", "Assumption", "TargetResult", "envelope", "loaded_plugins", "plan_device", "plan_target"]
 
 # Bumped on any change to the meaning or shape of the JSON (goldens carry it too).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CORE = "xbackend"
 
 
@@ -50,6 +52,7 @@ class TargetResult:
     lanes: tuple[Lane, ...] = ()
     unverified: tuple[Unverified, ...] = ()
     where: str = ""  # for a real device: the torch devices it stands for ("cuda:0-7")
+    plugins: tuple[str, ...] = ()  # the plugins its plans were made with (loaded_plugins)
     kernels: tuple[dict[str, Any], ...] | None = None  # --compile's records
     compile_error: str | None = None
 
@@ -58,6 +61,7 @@ class TargetResult:
             "target": self.target,
             "device": device_dict(self.device),
             "planned_as": "deployed" if self.deployed else "host",
+            "plugins": list(self.plugins),
         }
         if self.where:
             out["where"] = self.where
@@ -75,6 +79,27 @@ class TargetResult:
 
 def device_dict(device: Device) -> dict[str, Any]:
     return {"vendor": device.vendor, "arch": device.arch, "name": device.name, "simulated": device.simulated}
+
+
+def loaded_plugins(rt: Any) -> tuple[str, ...]:
+    """The plugins ``rt`` loaded and registered (none refused, blocked or failed), sorted by name."""
+    return tuple(sorted(name for name, status in rt.plugins.items()
+                        if status.error is None and rt.pm.get_plugin(name) is not None))
+
+
+@contextlib.contextmanager
+def _planning_with(rt: Any) -> Iterator[None]:
+    """``xbackend.plan`` answers from the process runtime: make it ``rt`` while a target is planned."""
+    from .._runtime import current, set_runtime
+
+    if current() is rt:
+        yield
+        return
+    previous = set_runtime(rt)
+    try:
+        yield
+    finally:
+        set_runtime(previous)
 
 
 def _impls(rt: Any, ops: tuple[str, ...]) -> dict[str, Impl]:
@@ -106,10 +131,11 @@ def plan_device(rt: Any, target: str, device: Device, matrix: Matrix, *, deploye
     """Every plan of ``matrix`` on one device; ``deployed`` defaults to "simulated targets as deployed,
     real devices with their real availability"."""
     deployed = device.simulated if deployed is None else deployed
-    plans = _plans(device, matrix, deployed)
+    with _planning_with(rt):
+        plans = _plans(device, matrix, deployed)
     assumed = _assumptions(rt, target, device, matrix.ops) if deployed else ()
     flags = unverified(plans, lanes, _impls(rt, matrix.ops), device.arch)
-    return TargetResult(target, device, deployed, plans, assumed, count, lanes, flags, where)
+    return TargetResult(target, device, deployed, plans, assumed, count, lanes, flags, where, loaded_plugins(rt))
 
 
 def plan_target(rt: Any, target: FleetTarget, matrix: Matrix, *, deployed: bool | None = None) -> TargetResult:
@@ -138,13 +164,21 @@ def local_devices(rt: Any) -> list[tuple[Device, str]]:
     return out
 
 
-def plan_local(rt: Any, matrix: Matrix, *, preferred: tuple[str, ...] = (), deployed: bool = False) -> list[TargetResult]:
+def plan_local(rt: Any, matrix: Matrix, *, preferred: tuple[str, ...] = (), deployed: bool = False,
+               runtime_for: Callable[[str], Any] | None = None) -> list[TargetResult]:
+    """This host's devices planned with their real availability, each as the target it probes as;
+    with ``preferred`` (the targets that have a golden), a device whose name matches none of them but
+    whose arch does stands for its arch. ``runtime_for(target)``: the runtime that plans it (``rt``)."""
     from .._device import probed_target
 
     results = []
     for device, where in local_devices(rt):
         target = probed_target(device, preferred)
-        results.append(plan_device(rt, target, device, matrix, deployed=deployed, lanes=(host_lane(),), where=where))
+        if preferred and target not in preferred and device.arch in preferred:
+            target = device.arch
+        planner = runtime_for(target) if runtime_for is not None else rt
+        results.append(plan_device(planner, target, device, matrix, deployed=deployed, lanes=(host_lane(),),
+                                   where=where))
     return results
 
 
