@@ -152,3 +152,14 @@ def test_a_recorded_plugin_that_is_not_installed_is_named(builtin_runtime, capsy
 def builtin_runtime():
     with fresh_runtime(autoload=True) as rt:
         yield rt
+
+
+def test_a_block_naming_a_left_out_plugins_impl_is_no_typo(fake_vendor: str, capsys, caplog, monkeypatch) -> None:
+    monkeypatch.setenv("XBACKEND_BLOCK", "fakevendor:fast,cuda:cuda_vec")
+    with fresh_runtime(autoload=True, block=None):
+        code, out, err = _fleet(capsys, "--check", str(GOLDENS), "--op", "gated_residual", "--dtype", "bf16",
+                                "--strict")
+    assert code == 1  # the block of cuda:cuda_vec still applies to the goldens' plugin set: drift, no problem
+    assert "h200 gated_residual bf16 lossless: cuda:cuda_vec -> cuda:triton" in out
+    assert "error" not in err
+    assert not [r.message for r in caplog.records if "names no plugin or impl" in r.getMessage()]

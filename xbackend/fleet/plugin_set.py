@@ -110,8 +110,14 @@ class PluginSets:
 
 def _runtime_with(rt: Any, names: Iterable[str]) -> Any:
     """A runtime loading exactly ``names`` of ``rt``'s plugins, each the way ``rt`` loaded it (entry
-    point or explicit object), with ``rt``'s blocklist."""
+    point or explicit object), with the names of ``rt``'s blocklist that match one of them or their
+    impls (a name that matches only a plugin left out blocks nothing there, and would read as a typo)."""
     names = tuple(names)
     entry_points = [n for n in names if rt.plugins[n].source.startswith("entry point")]
     explicit = [(n, rt.pm.get_plugin(n)) for n in names if n not in entry_points]
-    return Runtime(explicit, entry_points=entry_points, block=rt.blocked)
+    matched = set(names)
+    for n in names:
+        for entry in rt.plugins[n].impls:  # "op:impl"
+            impl = entry.partition(":")[2]
+            matched |= {impl, f"{n}:{impl}"}
+    return Runtime(explicit, entry_points=entry_points, block=rt.blocked & matched)
