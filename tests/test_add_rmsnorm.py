@@ -199,13 +199,14 @@ def test_triton_kernel_passes_the_kit_under_the_interpreter() -> None:
     (the GPU tests prove bit-identity with CUDA eager)."""
     pytest.importorskip("triton")
     import xbackend_cuda.launch as nvidia
+    import xbackend_cuda.supports as nvidia_supports
 
     if torch.cuda.is_available():
         pytest.skip("Triton kernels are compiled here (a GPU is visible): the GPU tests run this kernel")
-    failures, ran = _check(_plugin("triton", nvidia.add_rmsnorm, xbackend.tolerance(1e-3), nvidia.supports_add_rmsnorm,
+    failures, ran = _check(_plugin("triton", nvidia.add_rmsnorm, xbackend.tolerance(1e-3), nvidia_supports.supports_add_rmsnorm,
                                    dtypes={torch.float32, torch.float16}))  # fmt: skip
     assert failures == []
     cases = mod.cases(torch.float32, torch.device("cpu"), False)
-    rejected = {c.name for c in cases if nvidia.supports_add_rmsnorm(*c.args) is not None}
+    rejected = {c.name for c in cases if nvidia_supports.supports_add_rmsnorm(*c.args) is not None}
     assert rejected == {"torch/D=1"}  # aten runs its Welford kernel for D % 4 != 0
     assert ran == 2 * (len(cases) - len(rejected))

@@ -9,8 +9,6 @@ as its own (a module ``__getattr__``), so the impl records keep naming ``"<launc
 
 from __future__ import annotations
 
-import functools
-
 from xbackend.kernels import rmsnorm as rms
 from xbackend.kernels import triton_qk_norm_rope, triton_qk_norm_rope_3d
 from xbackend.ops.add_rmsnorm import reference as add_rmsnorm_reference
@@ -25,16 +23,14 @@ __all__ = ["VendorKernels"]
 class VendorKernels:
     """The shared kernels' entry points for one vendor's ``numerics`` and ``launch`` traits.
 
-    Each entry point is built once, here. The exact kernels answer a call whose pointers aten would not
-    vectorize with the op's reference (``rmsnorm_with``), so their ``supports_*`` predicates leave pointer
-    alignment out (``alignment=False``): it is a property of each call, not of the key a verdict is cached by.
+    Each entry point is built once, here; their ``supports`` predicates, which must import no Triton,
+    are ``vendor_supports.VendorSupports``.
     """
 
     # The attributes a vendor's launch module serves from here.
     NAMES = (
         "rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "rmsnorm_fast", "rmsnorm_modulate_fast", "qk_norm_rope",
-        "qk_norm_rope_3d", "supports_rmsnorm", "supports_rmsnorm_modulate", "supports_add_rmsnorm",
-        "supports_qk_norm_rope", "supports_qk_norm_rope_3d",
+        "qk_norm_rope_3d",
     )  # fmt: skip
 
     def __init__(self, numerics: rms.Numerics, launch: rms.LaunchTraits) -> None:
@@ -48,12 +44,6 @@ class VendorKernels:
         self.rmsnorm_modulate_fast = rms.rmsnorm_modulate_fast_with(numerics)
         self.qk_norm_rope = triton_qk_norm_rope.qk_norm_rope_with(numerics, qk_norm_rope_reference)
         self.qk_norm_rope_3d = triton_qk_norm_rope_3d.qk_norm_rope_3d_with(numerics, qk_norm_rope_3d_reference, launch)
-        self.supports_rmsnorm = functools.partial(rms.supports_rmsnorm, alignment=False, numerics=numerics)
-        self.supports_rmsnorm_modulate = functools.partial(rms.supports_rmsnorm_modulate, alignment=False,
-                                                           numerics=numerics)  # fmt: skip
-        self.supports_add_rmsnorm = functools.partial(rms.supports_add_rmsnorm, alignment=False, numerics=numerics)
-        self.supports_qk_norm_rope = functools.partial(triton_qk_norm_rope.supports, numerics=numerics)
-        self.supports_qk_norm_rope_3d = functools.partial(triton_qk_norm_rope_3d.supports, numerics=numerics)
 
     def attribute(self, module: str, name: str) -> object:
         """``name`` for the launch module ``module``'s ``__getattr__``: an entry point, or the
