@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -102,6 +103,10 @@ def test_aiter_runs_through_the_resolver_on_a_simulated_mi350(monkeypatch: pytes
         assert fake.calls == [(torch.Size([10, 64]), torch.bfloat16, torch.bfloat16)] * 2
         assert [(e.impl, e.status) for e in rt.events] == [("rocm:aiter", "verified"), ("rocm:aiter", "verified")]
         # Lossless (the default) never admits AITER: the exact Triton path or the reference runs instead.
-        xbackend.get_op("rmsnorm")(x, w)
+        # The Triton path may fall back here: on CPU tensors it runs under TRITON_INTERPRET, whose
+        # fp32 -> bf16 rounding is not the GPU's, so its exactness is not what this test checks.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", xbackend.FallbackWarning)
+            xbackend.get_op("rmsnorm")(x, w)
         assert "rocm:aiter" not in rt.events[-1].impl
     aiter_rmsnorm._aiter.cache_clear()

@@ -135,3 +135,33 @@ def test_plan_shape_errors_are_clear(capsys) -> None:
     assert "rmsnorm requires argument 'x'" in capsys.readouterr().err
     assert main(["plan", "--op", "rmsnorm", "--shape", "x=-1,4"]) == 2
     assert "sizes >= 0" in capsys.readouterr().err
+
+
+def test_info_names_each_ops_impl_when_they_differ_and_flags_an_unverified_cpu_impl(capsys) -> None:
+    """A CPU impl is verified by a run on a CPU: arch ``cpu`` in ``verified_on`` with the run's versions."""
+    import torch
+
+    import xbackend
+    from xbackend.fleet.skew import host_lane
+    from xbackend.ops import gated_residual as gr
+    from xbackend.testing import fresh_runtime
+
+    lane = host_lane()
+
+    def cpu_plugin(verified_on: tuple) -> object:
+        class _Plugin:
+            @xbackend.hookimpl
+            def xbackend_register_impls(self, registrar) -> None:
+                registrar.register(op="gated_residual", name="copy", fn=gr.reference, devices="cpu",
+                                   dtypes={torch.bfloat16}, verified_on=verified_on)
+
+        return _Plugin()
+
+    with fresh_runtime([("mine", cpu_plugin(()))]):
+        assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  gated_residual           mine:copy\n" in out and "\n  rmsnorm                  xbackend:reference\n" in out
+    assert "exactness unverified on torch " in out and "on cpu: the guard falls back if it differs: mine:copy" in out
+    with fresh_runtime([("mine", cpu_plugin(((lane.torch, lane.triton, "cpu"),)))]):
+        assert main(["info"]) == 0
+    assert "exactness unverified" not in capsys.readouterr().out
