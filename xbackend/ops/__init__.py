@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from .._opspec import OpSpec
 from . import (
+    add_layernorm,
     add_rmsnorm,
     gated_residual,
+    layernorm_modulate,
     neighborhood_attention,
     qk_norm_rope,
     qk_norm_rope_3d,
@@ -19,7 +21,7 @@ from . import (
 
 OPS: dict[str, OpSpec] = {
     m.SPEC.name: m.SPEC
-    for m in (rmsnorm, rmsnorm_modulate, add_rmsnorm, gated_residual, rotary_embedding, qk_norm_rope, qk_norm_rope_3d, neighborhood_attention,
+    for m in (rmsnorm, rmsnorm_modulate, add_rmsnorm, layernorm_modulate, add_layernorm, gated_residual, rotary_embedding, qk_norm_rope, qk_norm_rope_3d, neighborhood_attention,
               silu_mul)
 }
 

@@ -1,7 +1,9 @@
-"""gated_residual(x, update, gate) — ``x + update * gate``, the gated residual of a DiT block.
+"""gated_residual(x, update, gate) — ``(x + update * gate).to(x.dtype)``, the gated residual of a DiT block.
 
-For bf16/fp16 eager PyTorch rounds twice: ``round(x + round(update * gate))``. Gates: full,
-``[B,1,D]`` (B > 1 too), ``[1,..,1,D]``, per-token ``[B,L,1]``. The output is a new tensor.
+With a gate of x's dtype, bf16/fp16 eager PyTorch rounds twice: ``round(x + round(update * gate))``.
+A float32 gate under a bf16/fp16 x (Wan's ``(x.float() + update * gate).type_as(x)``) promotes: the
+product and the sum in float32, one rounding to x's dtype at the end. Gates: full, ``[B,1,D]``
+(B > 1 too), ``[1,..,1,D]``, per-token ``[B,L,1]``. The output is a new tensor of x's dtype.
 """
 
 from __future__ import annotations
@@ -29,13 +31,17 @@ def check(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> None:
     if update.shape != x.shape:
         raise chk.fail(NAME, "update", f"the shape of 'x' [{', '.join(map(str, x.shape))}]", chk.shape_str(update))
     chk.tensor(NAME, "gate", gate)
-    chk.same_dtype_device(NAME, "gate", gate, x, "x")
+    if gate.dtype == torch.float32 and x.dtype != torch.float32:
+        if gate.device != x.device:
+            raise chk.fail(NAME, "gate", f"device {x.device} (same as 'x')", gate.device)
+    else:
+        chk.same_dtype_device(NAME, "gate", gate, x, "x")
     chk.broadcasts_to(NAME, "gate", gate, x.shape, "x")
 
 
 # -- reference -----------------------------------------------------------------------------------
 def reference(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    return x + update * gate
+    return (x + update * gate).to(x.dtype)
 
 
 # -- planning example and fake impl ---------------------------------------------------------------
@@ -74,6 +80,12 @@ def cases(dtype: torch.dtype, device: torch.device, big: bool = False) -> list[C
         C.Case("x is update", (x, x, r(2, 1, 64, seed=2))),
         C.Case("NaN and Inf", (C.with_specials(x), u, r(2, 1, 64, seed=2))),
     ]
+    if dtype != torch.float32:  # Wan: a half residual gated in float32
+        g32 = C.randn(2, 1, 64, dtype=torch.float32, device=device, seed=2)
+        out += [C.Case("float32 gate [B,1,D]", (x, u, g32)),
+                C.Case("float32 gate [B,1,D] chunk of [B,6,D]",
+                       (x, u, C.randn(2, 6, 64, dtype=torch.float32, device=device, seed=3).chunk(6, dim=1)[2])),
+                C.Case("float32 gate, NaN and Inf", (C.with_specials(x), u, g32))]
     if big:
         xs = r(2, 4096)
         out.append(C.Case("offset past 2**31", (C.big_offset(xs), r(2, 4096, seed=1), r(4096, seed=2))))
