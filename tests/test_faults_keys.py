@@ -120,6 +120,8 @@ def valid_args(name: str) -> tuple[Any, ...]:
         "rmsnorm": (x, w),
         "rmsnorm_modulate": (x, x, x),
         "add_rmsnorm": (x, x, w),
+        "layernorm_modulate": (x, x, x),
+        "add_layernorm": (x, x, x),
         "gated_residual": (x, x, x),
         "rotary_embedding": (x, x, x),
         "qk_norm_rope": (x, x, w, w, x, x),
