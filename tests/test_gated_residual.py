@@ -68,3 +68,15 @@ def test_opcheck() -> None:
     x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
     for gate in (torch.randn(2, 1, 16, dtype=torch.bfloat16), torch.randn(2, 5, 1, dtype=torch.bfloat16)):
         torch.library.opcheck(mod.gated_residual_op, (x, torch.randn_like(x), gate))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_gate_under_a_half_x_is_wans_residual(dtype) -> None:
+    """Wan: ``(x.float() + update * gate).type_as(x)``: the product and sum in float32, one rounding."""
+    g = torch.Generator().manual_seed(1)
+    x, update = (torch.randn(2, 9, 64, generator=g).to(dtype) for _ in range(2))
+    gate = torch.randn(2, 6, 64, generator=g).chunk(6, dim=1)[2]  # a [B,1,D] view of Wan's float32 table
+    out = gated_residual(x, update, gate)
+    assert out.dtype == dtype and torch.equal(out, (x.float() + update * gate).type_as(x))
+    assert not torch.equal(out, x + update * gate.to(dtype))  # not the half chain
+    torch.library.opcheck(mod.gated_residual_op, (x, update, gate))
