@@ -105,6 +105,46 @@ def test_triton_strided_gate_from_modulation_chunk() -> None:
     assert torch.equal(triton_gr.gated_residual(x, update, gate), _reference(x, update, gate))
 
 
+# A float32 gate under a half x (Wan's residual): the product and the sum in fp32, one rounding to x's dtype.
+F32_GATE_CASES = [((2, 9, 64), (2, 1, 64)), ((3, 5, 40), (40,)), ((2, 7, 48), (2, 7, 1)), ((2, 4, 24), (2, 4, 24))]
+
+
+@pytest.mark.parametrize(("shape", "gate_shape"), F32_GATE_CASES)
+def test_triton_float32_gate_under_fp16_x_rounds_once(shape, gate_shape) -> None:
+    """fp16 rounds to nearest in the interpreter too: eager's promoted result bit for bit, which two
+    fp16 roundings (the gate cast to x's dtype) miss on these inputs."""
+    gen = torch.Generator().manual_seed(11)
+    x, update = _rand(shape, torch.float16, gen), _rand(shape, torch.float16, gen)
+    gate = _rand(gate_shape, torch.float32, gen) * 0.37
+    assert triton_gr.supports(x, update, gate) is None
+    out = triton_gr.gated_residual(x, update, gate)
+    want = (x + update * gate).to(x.dtype)
+    assert out.dtype == torch.float16 and torch.equal(out, want)
+    assert not torch.equal(want, x + (update * gate).to(x.dtype))  # the test tells one rounding from two
+
+
+def test_triton_float32_gate_under_bf16_x_and_chunk_of_a_table() -> None:
+    gen = torch.Generator().manual_seed(13)
+    x, update = _rand((2, 11, 48), torch.bfloat16, gen), _rand((2, 11, 48), torch.bfloat16, gen)
+    gate = _rand((2, 6, 48), torch.float32, gen)[:, 2:3]  # Wan: a [B,1,D] chunk of a [B,6,D] fp32 table
+    out = triton_gr.gated_residual(x, update, gate)
+    want = (x.double() + update.double() * gate.double())
+    assert out.dtype == torch.bfloat16
+    assert bool(((out.double() - want).abs() <= 2**-7 * want.abs() + 1e-30).all())  # one (truncating) rounding
+
+
+def test_float32_gate_reasons() -> None:
+    """The Triton kernel takes a float32 gate under a half x; the CUDA C++ kernel reads one dtype and
+    says so; any other mix is refused by both."""
+    x = torch.randn(2, 4, 8).bfloat16()
+    assert triton_gr.supports(x, x, torch.randn(2, 1, 8)) is None
+    assert cuda_gr.supports(x, x, torch.randn(2, 1, 8)) == "x, update and gate must share one dtype"
+    for gate in (torch.randn(2, 1, 8).half(), torch.randn(2, 1, 8).double()):
+        for kernel in (triton_gr, cuda_gr):
+            assert "share one dtype" in kernel.supports(x, x, gate)
+    assert "share one dtype" in triton_gr.supports(x.float(), x.float(), torch.randn(2, 1, 8).bfloat16())
+
+
 @pytest.mark.parametrize("shape", [(0, 5, 8), (2, 0, 8), (2, 3, 0)])
 def test_triton_empty(shape: tuple[int, ...]) -> None:
     x = torch.empty(shape, dtype=torch.bfloat16)
@@ -327,6 +367,20 @@ def test_gpu_cuda_load_hints_exact(load_hint: int, dtype: torch.dtype) -> None:
         assert torch.equal(out, _reference(x, update, gate)), tuple(gate.shape)
     odd = tuple(_rand((3, 5, 7), dtype, gen, "cuda") for _ in range(3))  # no 16-byte packs: scalar path
     assert torch.equal(cuda_gr.gated_residual(*odd, load_hint=load_hint), _reference(*odd))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+@pytest.mark.parametrize("form", GATE_FORMS)
+@pytest.mark.parametrize("shape", [(1, 32760, 5120), (1, 4608, 3072), (2, 77, 5120)], ids=str)
+def test_gpu_triton_float32_gate_exact(shape, form: str, dtype: torch.dtype) -> None:
+    """Wan's residual ([B, 1, D] fp32 gate chunks, 32760 tokens of 5120): eager's promoted sum, bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(53)
+    x, update = _rand(shape, dtype, gen, "cuda"), _rand(shape, dtype, gen, "cuda")
+    gate = _rand(_gate_shape(shape, form), torch.float32, gen, "cuda")
+    assert triton_gr.supports(x, update, gate) is None
+    assert torch.equal(triton_gr.gated_residual(x, update, gate), (x + update * gate).to(dtype))
 
 
 @pytest.mark.gpu

@@ -15,6 +15,13 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def promotes(x: torch.Tensor, gate: torch.Tensor) -> bool:
+    """A float32 gate under a bf16/fp16 x: eager promotes, so the product and the sum are fp32 and
+    rounded once to x's dtype (Wan's fp32 residual)."""
+    return gate.dtype == torch.float32 and x.dtype in HALF_DTYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +61,8 @@ def analyze(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> GateLa
     """Return the layout both kernels run on, or a short reason why they cannot take the inputs."""
     if x.dtype not in SUPPORTED_DTYPES:
         return f"dtype {x.dtype} not supported"
-    if update.dtype != x.dtype or gate.dtype != x.dtype:
-        return "x, update and gate must share one dtype"
+    if update.dtype != x.dtype or (gate.dtype != x.dtype and not promotes(x, gate)):
+        return "x, update and gate must share one dtype (or a float32 gate under a bf16/fp16 x)"
     if update.device != x.device or gate.device != x.device:
         return "tensors on different devices"
     if x.dim() < 1:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from xbackend.kernels._cuda_build import CudaKernelUnavailable, JitExtension
-from xbackend.kernels._gated_residual_layout import analyze
+from xbackend.kernels._gated_residual_layout import analyze, promotes
 
 __all__ = ["EXTENSION", "CudaKernelUnavailable", "available", "build_log", "entry", "gated_residual", "supports"]
 
@@ -36,6 +36,9 @@ def supports(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> str |
     layout = analyze(x, update, gate)
     if isinstance(layout, str):
         return layout
+    if promotes(x, gate):
+        # The kernels read x, update and gate as one dtype; the Triton kernel takes this promoted sum.
+        return "x, update and gate must share one dtype"
     # Device and vendor are the resolver's filters (and available()); this sees shapes only, so it
     # also answers for meta tensors when planning for a device this host does not have.
     return None

@@ -2,7 +2,8 @@
 
 Eager computes ``round(update * gate)`` in the dtype, then ``round(x + that)``, each product and sum
 in fp32. The kernel does the same two roundings and is compiled with ``enable_fp_fusion=False``:
-for fp32 inputs an FMA would skip the product's rounding and differ from eager in the last bit.
+for fp32 inputs an FMA would skip the product's rounding and differ from eager in the last bit. A
+float32 gate under a bf16/fp16 x promotes: product and sum in fp32, one rounding to x's dtype.
 
 Work is tiled ``BLOCK_R`` rows by ``BLOCK_D`` columns. When every row of a tile maps to one gate row
 (``[B,1,D]``, ``[1,..,1,D]``), the gate vector is loaded once per tile and broadcast over its rows;
@@ -78,9 +79,11 @@ def _gated_residual_kernel(
                 gr = r // inner
             g = tl.load(g_ptr + gr[:, None] * g_row_stride + c[None, :], mask=mask)
 
-    # Two roundings, as eager: the product to the dtype, then the sum (no-ops for fp32 inputs).
-    prod = (u.to(tl.float32) * g.to(tl.float32)).to(x.dtype)
-    out = (x.to(tl.float32) + prod.to(tl.float32)).to(x.dtype)
+    # Eager's roundings: the product and the sum each to the promoted dtype, which is the gate's (x's own,
+    # or float32 under a half x), then the sum once to x's dtype (no-ops where they coincide).
+    promoted: tl.constexpr = g_ptr.dtype.element_ty
+    prod = (u.to(tl.float32) * g.to(tl.float32)).to(promoted)
+    out = (x.to(tl.float32) + prod.to(tl.float32)).to(promoted).to(x.dtype)
     tl.store(out_ptr + offs, out, mask=mask)
 
 
