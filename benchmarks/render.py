@@ -352,6 +352,74 @@ def render_na_sol(run: dict[str, Any], software: dict[str, str]) -> list[str]:
     return _table(["case", "impl", "time", "useful TFLOP/s", "of SOL", "useful / computed pairs", "rel. error"], rows)
 
 
+_TRANSFORMER_MODES = {"eager": "eager", "patched": "patched", "compile": "compile",
+                      "patched_compile": "patched + compile"}  # fmt: skip
+
+
+def render_transformer(run: dict[str, Any], software: dict[str, str]) -> list[str]:
+    """benchmarks/transformer_check.py's JSON, one table per family (data file): each mode of the whole
+    model forward, its first call, its output against eager's; the bars, and the fresh-process first
+    calls when the run has them."""
+    out: list[str] = []
+    for path in _paths(run["data"]):
+        data = json.loads(_read(path))
+        if data.get("schema_version") != 1:
+            raise ValueError(f"{run['id']}: {path} has schema_version {data.get('schema_version')!r}, expected 1")
+        _check_env(run, {k: data.get(k) for k in ("device", "torch", "triton")}, software)
+        sites = ", ".join(f"{k} {n}" for k, n in data["patch"]["counts"].items()) or "none"
+        out += [*([""] if out else []),
+                f"**{data['title']}**{', tiny config' if data['smoke'] else ''}: `{data['model_class']}`, "
+                f"{data['layers']} layers, {data['tokens']:,} tokens + {data['text_tokens']} text, {data['dtype']}, "
+                f"{data['compile_backend']}; patched sites: {sites}.", ""]  # fmt: skip
+        rows = []
+        for r in data["rows"]:
+            label = _TRANSFORMER_MODES[r["mode"]]
+            if "fullgraph" in r:
+                label += " (fullgraph)" if r["fullgraph"] else " (graph breaks)"
+            if "error" in r:
+                rows.append([label, "—", "—", "—", "—", f"error: {r['error'][:120]}"])
+                continue
+            ms = r.get("median_ms")
+            rows.append([
+                label,
+                "—" if ms is None else f"**{ms:.2f}**" if r["mode"] == "patched" else f"{ms:.2f}",
+                _x(r["vs_eager"]) if "vs_eager" in r else "—",
+                _x(r["vs_compile"]) if "vs_compile" in r else "—",
+                f"{r['first_call_s']:.1f}",
+                "reference" if r["mode"] == "eager" else "bit-identical" if r["bit_identical"]
+                else f"max {r['max_abs_diff']:.3g}",
+            ])  # fmt: skip
+        out += _table(["mode", "median ms", "vs eager", "vs compile", "first call s", "output vs eager"], rows)
+        breaks = [r["fullgraph_error"] for r in data["rows"] if r.get("fullgraph_error")]
+        if breaks:
+            out += ["", f"Patched + compile is not one graph: `{breaks[0][:200]}`."]
+        if "bars" in data:
+            out += ["", "Bars: " + "; ".join(_transformer_bar(name, b) for name, b in data["bars"].items()) + "."]
+        if "first_call" in data:
+            out += ["", _transformer_first_call(data["first_call"])]
+    return out
+
+
+def _transformer_bar(name: str, bar: dict[str, Any]) -> str:
+    label = {"patched_bit_identical": "patched bit-identical", "patched_vs_compile": "patched vs compile",
+             "patched_compile_vs_compile": "patched + compile vs compile"}[name]  # fmt: skip
+    value = bar["value"]
+    shown = "" if isinstance(value, bool) or value is None else f" {_x(value)} (≥ {_x(bar['need'])})"
+    return f"{label}{shown}: {'met' if bar['met'] else 'not met'}"
+
+
+def _transformer_first_call(fc: dict[str, Any]) -> str:
+    def total(label: str) -> str:
+        r = fc.get(label, {})
+        return f"{r['total_s']:.1f} s" if "total_s" in r else r.get("error", "not run")
+
+    if "delta_s" not in fc:
+        return f"First call in fresh processes: eager {total('eager')}, patched {total('patched')}: not met."
+    return (f"First call in fresh processes (`--first-call`): eager {total('eager')}, patched {total('patched')} "
+            f"with an empty Triton cache ({fc['delta_s']:+.1f} s; bar ≤ {fc['bar_s']:.0f} s: "
+            f"{'met' if fc['met'] else 'not met'}), {total('patched_warm')} with the cache it filled.")  # fmt: skip
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "bench": render_bench,
     "dispatch": render_dispatch,
@@ -359,6 +427,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, str]], list[str]]] = {
     "example_table": render_example_table,
     "diffvae_decode": render_diffvae_decode,
     "na_sol": render_na_sol,
+    "transformer": render_transformer,
 }
 
 
