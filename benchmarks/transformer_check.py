@@ -39,6 +39,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -407,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", required=True, choices=families.FAMILIES)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per mode (median reported)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds per mode, medians (default 3; --smoke 1)")
     p.add_argument("--rep-ms", type=int, default=800, help="do_bench's rep per round, ms")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 (--smoke: fp32)")
     p.add_argument("--compile-backend", default=None, help="default: inductor (--smoke: aot_eager)")
@@ -433,13 +434,17 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "" if dtype == (torch.float32 if tiny else torch.bfloat16) else f"_{str(dtype).removeprefix('torch.')}"
     path = Path(args.out) / f"transformer_{args.family}{suffix}.json"
     if args.first_call:
+        # A `timeout` around this process sends SIGTERM: exit through Python, so subprocess.run kills the
+        # child it waits on instead of leaving it on the GPU.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         fc = first_calls(args.family, tiny=tiny, layers=args.layers, dtype=dtype, timeout=args.timeout)
         head = header(args.family, tiny=tiny, layers=args.layers, dtype=dtype, device=device)
         _write(path, _merge_first_call(path, head, fc))
         print(first_call_line(fc))
         return 0 if fc["met"] or tiny else 1
     backend = args.compile_backend or ("aot_eager" if tiny else "inductor")
-    result = check_modes(args.family, tiny=tiny, layers=args.layers, device=device, dtype=dtype, rounds=args.rounds,
+    rounds = args.rounds or (1 if tiny else 3)
+    result = check_modes(args.family, tiny=tiny, layers=args.layers, device=device, dtype=dtype, rounds=rounds,
                          backend=backend, rep_ms=args.rep_ms, out=path)  # fmt: skip
     print(table(result))
     if tiny:
