@@ -58,6 +58,13 @@ IMPLS: list[Impl] = [
          priority=100, devices=POINTWISE, available=triton_available,
          description="Triton, residual add + norm (+ modulate) in one pass, eager's roundings (bit-exact)",
          verified_on=H200),
+    # Not yet run on a GPU (verified_on empty): the guard's first-use comparison decides, per input signature.
+    Impl(op="layernorm_modulate", name="triton", fn=f"{_L}:layernorm_modulate",
+         supports=f"{_S}:supports_layernorm_modulate", priority=100, devices=POINTWISE, available=triton_available,
+         description="Triton, aten's Welford LayerNorm order + (1 + scale), shift, per-token tables (bit-exact)"),
+    Impl(op="add_layernorm", name="triton", fn=f"{_L}:add_layernorm", supports=f"{_S}:supports_add_layernorm",
+         priority=100, devices=POINTWISE, available=triton_available,
+         description="Triton, (gated) residual add + LayerNorm (+ modulate) in one pass, eager's roundings (bit-exact)"),
     # CUDA C++ ranks above Triton; a failed build or launch falls to Triton, then the reference.
     Impl(op="gated_residual", name="cuda_vec", fn=f"{_L}:gated_residual_cuda",
          supports=f"{_K}.cuda_gated_residual:supports", priority=110, devices=POINTWISE, available=_cuda_ext_available,

@@ -10,11 +10,14 @@ arch-independent pointwise schedules, compiled for them but not tuned or run the
 from __future__ import annotations
 
 from xbackend.kernels import cuda_gated_residual, triton_gated_residual
+from xbackend.kernels import layernorm as ln
 from xbackend.kernels import rmsnorm as rms
 from xbackend.kernels.vendor_kernels import VendorKernels
 
 # The order of CUDA builds of PyTorch (128 threads per row, decreasing shuffles, rsqrt.approx.f32).
 NUMERICS = rms.CUDA_NUMERICS
+# F.layer_norm's on the same block: Welford per thread, rcp.rn.f32, nvcc's FMA points.
+LN_NUMERICS = ln.CUDA_LN_NUMERICS
 S, ARKB, MERGED = rms.Schedule, rms.ARR_ARKB, rms.ARR_MERGED
 
 LAUNCH = rms.LaunchTraits(
@@ -79,7 +82,7 @@ LAUNCH = rms.LaunchTraits(
 )
 
 # The shared kernels' entry points (rmsnorm, supports_rmsnorm, ..., VendorKernels.NAMES) for this data.
-KERNELS = VendorKernels(NUMERICS, LAUNCH)
+KERNELS = VendorKernels(NUMERICS, LAUNCH, LN_NUMERICS)
 
 # Defaults measured best on the H200: 1024/512/256-wide column blocks, 4 rows, 4 warps (lab/gpu/gated_residual.py).
 gated_residual_triton = triton_gated_residual.gated_residual

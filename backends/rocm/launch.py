@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import torch
 
+from xbackend.kernels import layernorm as ln
 from xbackend.kernels import rmsnorm as rms
 from xbackend.kernels import triton_gated_residual
 from xbackend.kernels.vendor_kernels import VendorKernels
 
 NUMERICS = rms.ROCM_NUMERICS
+LN_NUMERICS = ln.ROCM_LN_NUMERICS  # the same block, ocml's rsqrt, the fast v_rcp_f32 reciprocal
 LAUNCH = rms.LaunchTraits(pdl_min_major=None, schedules=())
 
 # The shared kernels' entry points (rmsnorm, supports_rmsnorm, ..., VendorKernels.NAMES) for this data.
-KERNELS = VendorKernels(NUMERICS, LAUNCH)
+KERNELS = VendorKernels(NUMERICS, LAUNCH, LN_NUMERICS)
 
 
 def __getattr__(name: str) -> object:
