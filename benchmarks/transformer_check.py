@@ -114,6 +114,13 @@ def compare(out: Outputs, ref: Outputs) -> dict[str, Any]:
     return {"bit_identical": all(torch.equal(a, b) for a, b in zip(out, ref, strict=True)), "max_abs_diff": diff}
 
 
+def _free(device: str) -> None:
+    """Give the caching allocator's blocks of a failed mode back, so the next mode has the memory."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 def _graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
@@ -173,6 +180,7 @@ def check_modes(family: str, *, tiny: bool, layers: int, device: str, dtype: tor
                "seconds": time.perf_counter() - start},
         rows=[],
     )  # fmt: skip
+    _write(out, result)
     note(f"models built; {report}".splitlines()[0])
     calls: dict[str, Callable[[], Outputs]] = {}
     ref: Outputs = ()
@@ -202,10 +210,12 @@ def check_modes(family: str, *, tiny: bool, layers: int, device: str, dtype: tor
         except Exception as exc:  # one failing mode must not cost the others' numbers
             result["rows"].append({"mode": mode, "error": _error(exc)})
             _write(out, result)
+            _free(device)
     try:
         add("patched_compile", torch.compile(patched_model, backend=backend, fullgraph=True), fullgraph=True)
     except Exception as exc:  # the model does not trace whole: compile it with graph breaks, and say why
         fullgraph_error = _error(exc)
+        _free(device)
         try:
             add("patched_compile", torch.compile(patched_model, backend=backend), fullgraph=False,
                 fullgraph_error=fullgraph_error)  # fmt: skip
@@ -213,12 +223,18 @@ def check_modes(family: str, *, tiny: bool, layers: int, device: str, dtype: tor
             result["rows"].append(
                 {"mode": "patched_compile", "error": _error(exc2), "fullgraph_error": fullgraph_error}
             )
+            _free(device)
+    rows = {r["mode"]: r for r in result["rows"]}
     times: dict[str, list[float]] = {mode: [] for mode in calls}
     for _ in range(rounds):
-        for mode, run in calls.items():
-            times[mode].append(bench_ms(run, device, rep_ms))
+        for mode, run in list(calls.items()):
+            try:
+                times[mode].append(bench_ms(run, device, rep_ms))
+            except Exception as exc:  # e.g. out of memory under do_bench's L2 flush buffer: the others go on
+                rows[mode]["error"] = f"timing: {_error(exc)}"
+                del calls[mode], times[mode]
+                _free(device)
         note("round: " + ", ".join(f"{m} {t[-1]:.2f} ms" for m, t in times.items()))
-    rows = {r["mode"]: r for r in result["rows"]}
     for mode, ts in times.items():
         rows[mode].update(median_ms=statistics.median(ts), rounds_ms=ts)
     for row in rows.values():
@@ -441,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         head = header(args.family, tiny=tiny, layers=args.layers, dtype=dtype, device=device)
         _write(path, _merge_first_call(path, head, fc))
         print(first_call_line(fc))
-        return 0 if fc["met"] or tiny else 1
+        return 0 if "delta_s" in fc else 1  # the exit status says whether it measured; the bar is in the JSON
     backend = args.compile_backend or ("aot_eager" if tiny else "inductor")
     rounds = args.rounds or (1 if tiny else 3)
     result = check_modes(args.family, tiny=tiny, layers=args.layers, device=device, dtype=dtype, rounds=rounds,

@@ -176,3 +176,17 @@ def test_first_call_runs_fresh_processes(tmp_path: Path) -> None:
     assert fc["delta_s"] == pytest.approx(fc["patched"]["total_s"] - fc["eager"]["total_s"])
     assert fc["patched_warm"]["first_forward_s"] > 0
     assert res.stdout.startswith("first call, fresh processes: eager ")
+
+
+def test_a_failing_mode_leaves_the_others(tmp_path: Path) -> None:
+    """A compile backend that does not exist fails both compile modes; eager and patched are still timed,
+    the rows say why, the bars that need compile are not met, and --smoke exits 1 on the error rows."""
+    res = _smoke(tmp_path, "--family", "qwen", "--compile-backend", "no_such_backend")
+    assert res.returncode == 1, res.stderr[-3000:]
+    data = json.loads((tmp_path / "transformer_qwen.json").read_text())
+    rows = {r["mode"]: r for r in data["rows"]}
+    assert "median_ms" in rows["eager"] and "median_ms" in rows["patched"] and "vs_compile" not in rows["patched"]
+    assert rows["compile"]["error"].startswith("InvalidBackend: ") and "no_such_backend" in rows["compile"]["error"]
+    assert rows["patched_compile"]["fullgraph_error"].startswith("InvalidBackend: ")
+    assert data["bars"]["patched_vs_compile"] == {"value": None, "need": 1.0, "met": False}
+    assert "schema: row compile: InvalidBackend: " in res.stderr
