@@ -37,6 +37,31 @@ _SILU_MUL = get_op("silu_mul")
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 _MARK = "_xbackend_patch"
 
+# -- sites: which report entry each fused call serves ------------------------------------------------
+# (op, site kind, the module the report's path names or None, the op's arguments) -> the op's output.
+Observer = Callable[[Any, str, "nn.Module | None", tuple[Any, ...]], Any]
+_observer: Observer | None = None
+
+
+def fused(op: Any, kind: str, site: nn.Module | None, *args: Any) -> Any:
+    """``op(*args)``, the fused call of the report's ``kind`` site at module ``site`` (None: a call that
+    names no site, which ``xbackend.attribute`` cannot switch). With an observer installed (`observe`;
+    ``xbackend.attribute`` records and switches sites through one) the observer answers the call
+    instead; without, this costs one global read a call (within the noise of a 4 µs CPU op call,
+    measured)."""
+    observer = _observer
+    if observer is None:
+        return op(*args)
+    return observer(op, kind, site, args)
+
+
+def observe(observer: Observer | None) -> Observer | None:
+    """Install ``observer`` for every patched model in the process (None removes it); returns the one
+    it replaces."""
+    global _observer
+    previous, _observer = _observer, observer
+    return previous
+
 
 # -- report records ------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -294,7 +319,7 @@ def norm_modulate(
         # torch's norm checks its normalized_shape against x (diffusers' does not); a mismatch raises there.
         sized = flavour != "torch" or (x.dim() >= 1 and x.shape[-1] == norm.normalized_shape[0])
         if sized and can_modulate(x, scale, shift, weight):
-            return _RMSNORM_MODULATE(x, scale, shift, weight, norm.eps, flavour)
+            return fused(_RMSNORM_MODULATE, "rmsnorm_modulate", norm, x, scale, shift, weight, norm.eps, flavour)
     return norm(x) * (1 + scale) + shift
 
 
@@ -323,7 +348,7 @@ def add_norm(
         sized = flavour != "torch" or x.shape[-1] == norm.normalized_shape[0]
         fits = can_rmsnorm(x, weight) if scale is None else can_modulate(x, scale, shift, weight)
         if sized and fits:
-            return _ADD_RMSNORM(x, update, weight, norm.eps, flavour, scale, shift)
+            return fused(_ADD_RMSNORM, "add_rmsnorm", norm, x, update, weight, norm.eps, flavour, scale, shift)
     h = x + update
     return h, (norm(h) if scale is None else norm_modulate(norm, flavour, h, scale, shift))
 
@@ -332,45 +357,51 @@ def can_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> bool:
     return gate.dtype in _FLOAT and _like(up, gate) and up.shape == gate.shape
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``F.silu(gate) * up``."""
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, site: nn.Module | None = None) -> torch.Tensor:
+    """``F.silu(gate) * up`` in the SwiGLU module ``site``."""
     if can_silu_mul(gate, up):
-        return _SILU_MUL(gate, up)
+        return fused(_SILU_MUL, "silu_mul", site, gate, up)
     return F.silu(gate) * up
 
 
-def gated(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """``x + update * gate``. Sites written ``x + gate * update`` call this too: one multiply of two
-    values commutes exactly in IEEE arithmetic, broadcasting and type promotion included."""
+def gated(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor, site: nn.Module | None = None) -> torch.Tensor:
+    """``x + update * gate``, ``update`` the output of module ``site``. Sites written ``x + gate * update``
+    call this too: one multiply of two values commutes exactly in IEEE arithmetic, broadcasting and type
+    promotion included."""
     if can_gate(x, update, gate):
-        return _GATED_RESIDUAL(x, update, gate)
+        return fused(_GATED_RESIDUAL, "gated_residual", site, x, update, gate)
     return x + update * gate
 
 
-def rope_interleaved(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any]) -> torch.Tensor:
-    """diffusers' ``apply_interleaved_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``."""
+def rope_interleaved(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any],
+                     site: nn.Module | None = None) -> torch.Tensor:
+    """diffusers' ``apply_interleaved_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``, in the
+    attention ``site``."""
     cos, sin = freqs
     if can_rope(x, cos, sin):
-        return _ROTARY(x, cos, sin, "interleaved")
+        return fused(_ROTARY, "rotary_embedding", site, x, cos, sin, "interleaved")
     return original(x, freqs)
 
 
-def rope_split(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any]) -> torch.Tensor:
-    """diffusers' ``apply_split_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``."""
+def rope_split(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any],
+               site: nn.Module | None = None) -> torch.Tensor:
+    """diffusers' ``apply_split_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``, in the
+    attention ``site``."""
     cos, sin = freqs
     if can_rope_split(x, cos, sin):
-        return _ROTARY(x, cos, sin, "split")
+        return fused(_ROTARY, "rotary_embedding", site, x, cos, sin, "split")
     return original(x, freqs)
 
 
 def qk_norm_rope(
     norm_q: nn.Module, norm_k: nn.Module, flavour: str, query: torch.Tensor, key: torch.Tensor,
-    freqs: tuple[torch.Tensor, torch.Tensor], layout: str = "interleaved",
+    freqs: tuple[torch.Tensor, torch.Tensor], layout: str = "interleaved", site: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``rope(norm_q(query)), rope(norm_k(key))`` as one ``qk_norm_rope`` call, or None when these inputs
     are not that op (the caller then runs the two norms and two RoPEs). ``flavour`` is both norms'
     flavour, found fusable (and their eps equal) at patch time; ``layout`` the attention's RoPE
-    (diffusers' ``rope_type``: "interleaved" or "split")."""
+    (diffusers' ``rope_type``: "interleaved" or "split"); ``site`` the attention (a "rotary_embedding"
+    site of the report)."""
     cos, sin = freqs
     can_rope_layout = can_rope if layout == "interleaved" else can_rope_split
     wq, wk = norm_q.weight, norm_k.weight
@@ -383,7 +414,7 @@ def qk_norm_rope(
         or (flavour == "torch" and not query.shape[-1] == norm_q.normalized_shape[0] == norm_k.normalized_shape[0])
     ):
         return None
-    return _QK_NORM_ROPE(query, key, wq, wk, cos, sin, norm_q.eps, flavour, layout)
+    return fused(_QK_NORM_ROPE, "rotary_embedding", site, query, key, wq, wk, cos, sin, norm_q.eps, flavour, layout)
 
 
 def qk_fusion_flavour(norm_q: nn.Module, norm_k: nn.Module) -> tuple[str | None, str]:
@@ -469,14 +500,14 @@ def rmsnorm_flavour(module: nn.Module) -> tuple[str | None, str]:
 def _torch_rmsnorm_forward(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight
     if x.dim() >= 1 and x.shape[-1] == self.normalized_shape[0] and can_rmsnorm(x, weight):
-        return _RMSNORM(x, weight, self.eps, "torch")
+        return fused(_RMSNORM, "rmsnorm", self, x, weight, self.eps, "torch")
     return type(self).forward(self, x)
 
 
 def _diffusers_rmsnorm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     weight = self.weight
     if self.bias is None and can_rmsnorm(hidden_states, weight):
-        return _RMSNORM(hidden_states, weight, self.eps, "diffusers")
+        return fused(_RMSNORM, "rmsnorm", self, hidden_states, weight, self.eps, "diffusers")
     return type(self).forward(self, hidden_states)
 
 

@@ -27,6 +27,7 @@ from ._common import (
     can_rmsnorm,
     diffusers_mismatch,
     foreign_override,
+    fused,
     hookless_now,
     is_eps,
     ours_or_stock,
@@ -76,8 +77,17 @@ class XbackendNeighborhoodProcessor(DiffVAENeighborhoodProcessor):
             query, key = attn.norm_q(query), attn.norm_k(key)
             query = query * attn.scale
             return attn.rope(query), attn.rope(key), value
-        query, key = _QK_NORM_ROPE_3D(query, key, wq, wk, attn.norm_q.eps, attn.scale, attn.rope.base, self.prelude)
+        query, key = fused(_QK_NORM_ROPE_3D, "qk_norm_rope_3d", attn, query, key, wq, wk, attn.norm_q.eps, attn.scale,
+                           attn.rope.base, self.prelude)
         return query, key, value
+
+    def __call__(self, attn: Any, hidden_states: torch.Tensor, block_mask: Any = None) -> torch.Tensor:
+        # The adapter's call, with the op named as this layer's site (xbackend.attribute switches it there).
+        batch, frames, height, width, channels = hidden_states.shape
+        query, key, value = self.project_qkv(attn, hidden_states)
+        # The query already carries head_dim**-0.5 (diffusers scales it before the rotary embedding).
+        out = fused(self.attention, "neighborhood_attention", attn, query, key, value, tuple(attn.kernel_size), 1, False, 1.0)
+        return attn.to_out[0](out.reshape(batch, frames, height, width, channels))
 
 
 # diffusers computes the RoPE frequencies in fp32 instead of float64 on these device types
@@ -274,7 +284,7 @@ class XbackendLTX2AttnProcessor:
             and hookless_now(attn.norm_q)
             and hookless_now(attn.norm_k)
         ):
-            fused = qk_norm_rope(attn.norm_q, attn.norm_k, self.qk_flavour, query, key, query_rotary_emb, attn.rope_type)
+            fused = qk_norm_rope(attn.norm_q, attn.norm_k, self.qk_flavour, query, key, query_rotary_emb, attn.rope_type, attn)
         if fused is not None:
             query, key = fused
         else:
@@ -284,11 +294,11 @@ class XbackendLTX2AttnProcessor:
         if query_rotary_emb is not None and fused is None:
             key_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
             if attn.rope_type == "interleaved":
-                query = rope_interleaved(query, query_rotary_emb, apply_interleaved_rotary_emb)
-                key = rope_interleaved(key, key_emb, apply_interleaved_rotary_emb)
+                query = rope_interleaved(query, query_rotary_emb, apply_interleaved_rotary_emb, attn)
+                key = rope_interleaved(key, key_emb, apply_interleaved_rotary_emb, attn)
             elif attn.rope_type == "split":
-                query = rope_split(query, query_rotary_emb, apply_split_rotary_emb)
-                key = rope_split(key, key_emb, apply_split_rotary_emb)
+                query = rope_split(query, query_rotary_emb, apply_split_rotary_emb, attn)
+                key = rope_split(key, key_emb, apply_split_rotary_emb, attn)
 
         query = query.unflatten(2, (attn.heads, -1))
         key = key.unflatten(2, (attn.heads, -1))

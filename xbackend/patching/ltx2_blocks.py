@@ -99,8 +99,9 @@ def transformer_block_forward(flavours: dict[str, str | None], gates: bool) -> C
         flavours[name] for name in _TRANSFORMER_NORMS
     )
 
-    def residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return gated(x, update, gate) if gates else x + update * gate
+    def residual(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor, site: nn.Module) -> torch.Tensor:
+        # site: the module whose output `update` is, the path the report names this gate by
+        return gated(x, update, gate, site) if gates else x + update * gate
 
     def forward(
         self: nn.Module,
@@ -141,7 +142,7 @@ def transformer_block_forward(flavours: dict[str, str | None], gates: bool) -> C
         attn_kwargs = _self_attention_kwargs(
             self, x, video_rotary_emb, self_attention_mask, perturbation_mask, all_perturbed
         )
-        hidden_states = residual(hidden_states, self.attn1(**attn_kwargs), v_gate_msa)
+        hidden_states = residual(hidden_states, self.attn1(**attn_kwargs), v_gate_msa, self.attn1)
 
         audio_mod = self.get_mod_params(self.audio_scale_shift_table, temb_audio, batch)
         a_shift_msa, a_scale_msa, a_gate_msa, a_shift_mlp, a_scale_mlp, a_gate_mlp = audio_mod[:6]
@@ -149,7 +150,7 @@ def transformer_block_forward(flavours: dict[str, str | None], gates: bool) -> C
         attn_kwargs = _self_attention_kwargs(
             self, x, audio_rotary_emb, audio_self_attention_mask, perturbation_mask, all_perturbed
         )
-        audio_hidden_states = residual(audio_hidden_states, self.audio_attn1(**attn_kwargs), a_gate_msa)
+        audio_hidden_states = residual(audio_hidden_states, self.audio_attn1(**attn_kwargs), a_gate_msa, self.audio_attn1)
 
         # Cross-attention to the prompt (queries: video or audio; keys/values: text).
         if self.cross_attn_adaln:
@@ -167,7 +168,7 @@ def transformer_block_forward(flavours: dict[str, str | None], gates: bool) -> C
             x = self.norm2(hidden_states)
         context = encoder_hidden_states * (1 + kv_scale) + kv_shift if self.cross_attn_adaln else encoder_hidden_states
         out = self.attn2(x, encoder_hidden_states=context, query_rotary_emb=None, attention_mask=encoder_attention_mask)
-        hidden_states = residual(hidden_states, out, v_gate_q) if self.video_cross_attn_adaln else hidden_states + out
+        hidden_states = residual(hidden_states, out, v_gate_q, self.attn2) if self.video_cross_attn_adaln else hidden_states + out
 
         if self.audio_cross_attn_adaln:
             a_shift_q, a_scale_q, a_gate_q = audio_mod[6:9]
@@ -183,7 +184,7 @@ def transformer_block_forward(flavours: dict[str, str | None], gates: bool) -> C
             x, encoder_hidden_states=context, query_rotary_emb=None, attention_mask=audio_encoder_attention_mask
         )
         audio_hidden_states = (
-            residual(audio_hidden_states, out, a_gate_q) if self.audio_cross_attn_adaln else audio_hidden_states + out
+            residual(audio_hidden_states, out, a_gate_q, self.audio_attn2) if self.audio_cross_attn_adaln else audio_hidden_states + out
         )
 
         # Audio-to-video and video-to-audio cross-attention. Both directions normalize the streams as
@@ -221,7 +222,7 @@ def transformer_block_forward(flavours: dict[str, str | None], gates: bool) -> C
                     attention_mask=a2v_cross_attention_mask,
                 )
                 # Written `hidden_states + a2v_gate * out` in diffusers: the one multiply commutes exactly.
-                hidden_states = residual(hidden_states, out, a2v_gate)
+                hidden_states = residual(hidden_states, out, a2v_gate, self.audio_to_video_attn)
 
             if use_v2a_cross_attention:
                 kv = _modulate_once(
@@ -239,13 +240,13 @@ def transformer_block_forward(flavours: dict[str, str | None], gates: bool) -> C
                     key_rotary_emb=ca_video_rotary_emb,
                     attention_mask=v2a_cross_attention_mask,
                 )
-                audio_hidden_states = residual(audio_hidden_states, out, v2a_gate)
+                audio_hidden_states = residual(audio_hidden_states, out, v2a_gate, self.video_to_audio_attn)
 
         # Feed-forward.
         x = norm_modulate(self.norm3, f_norm3, hidden_states, v_scale_mlp, v_shift_mlp)
-        hidden_states = residual(hidden_states, self.ff(x), v_gate_mlp)
+        hidden_states = residual(hidden_states, self.ff(x), v_gate_mlp, self.ff)
         x = norm_modulate(self.audio_norm3, f_audio_norm3, audio_hidden_states, a_scale_mlp, a_shift_mlp)
-        audio_hidden_states = residual(audio_hidden_states, self.audio_ff(x), a_gate_mlp)
+        audio_hidden_states = residual(audio_hidden_states, self.audio_ff(x), a_gate_mlp, self.audio_ff)
         return hidden_states, audio_hidden_states
 
     return forward

@@ -39,12 +39,12 @@ def swiglu_forward(module: Any) -> Callable[..., Any]:
         batch_size, *token_dims, channels = hidden_states.shape
         num_tokens = math.prod(token_dims)
         if num_tokens <= tile_size:
-            return self.w_down(silu_mul(self.w_gate(hidden_states), self.w_up(hidden_states)))
+            return self.w_down(silu_mul(self.w_gate(hidden_states), self.w_up(hidden_states), self))
         flat = hidden_states.reshape(batch_size, num_tokens, channels)
         out = torch.empty_like(flat)
         for start in range(0, num_tokens, tile_size):
             tile = flat[:, start : start + tile_size]
-            out[:, start : start + tile_size] = self.w_down(silu_mul(self.w_gate(tile), self.w_up(tile)))
+            out[:, start : start + tile_size] = self.w_down(silu_mul(self.w_gate(tile), self.w_up(tile), self))
         return out.reshape(hidden_states.shape)
 
     return forward
