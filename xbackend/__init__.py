@@ -12,6 +12,7 @@ from ._policy import quality, use, verify
 from ._precision import EXACT, Precision, tolerance, ulp
 from ._registry import Impl, Registrar, RegistrationError
 from ._runtime import ImplUnusableError, Runtime, runtime
+from .attribute import Attribution, attribute
 from .patching import PatchReport, patch, unpatch
 
 hookimpl = pluggy.HookimplMarker("xbackend")
@@ -20,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EXACT",
+    "Attribution",
     "Device",
     "DeviceFamily",
     "FallbackWarning",
@@ -33,6 +35,7 @@ __all__ = [
     "RegistrationError",
     "Report",
     "Runtime",
+    "attribute",
     "get_op",
     "hookimpl",
     "list_ops",

@@ -222,6 +222,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def cmd_attribute(args: argparse.Namespace) -> int:
+    from ._attribute_models import cmd_attribute as run
+
+    return run(args)
+
+
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
@@ -265,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--png", help="also write a bar chart to this PNG path (needs matplotlib)")
     b.add_argument("--json", help="also write the rows to this JSON path")
     b.set_defaults(func=cmd_bench)
+    from ._attribute_models import add_arguments as add_attribute
+
+    a = sub.add_parser("attribute", help="which patched site makes a bundled tiny LTX-2 model's output drift from "
+                                          "its all-reference forward, and by how much")
+    add_attribute(a)
+    a.set_defaults(func=cmd_attribute)
     return parser
 
 
