@@ -161,9 +161,11 @@ def _undilated(
 ) -> None:
     b, heads, dim = q.shape[0], q.shape[-2], q.shape[-1]
     lengths = list(q.shape[1:-2])
-    # Host copies give the box limits without a device sync per chunk.
-    host = [window_bounds(L, kk, c, stride=s) for L, kk, c, s in zip(lengths, kernel, causal, stride, strict=True)]
-    bounds = [(s.to(q.device), e.to(q.device)) for s, e in host]
+    # Host copies give the box limits without a device sync per chunk; the device copies are computed
+    # there, not copied: a host-to-device copy from pageable memory raises under CUDA graph capture.
+    axes = list(zip(lengths, kernel, causal, stride, strict=True))
+    host = [window_bounds(L, kk, c, stride=s) for L, kk, c, s in axes]
+    bounds = [window_bounds(L, kk, c, q.device, stride=s) for L, kk, c, s in axes]
     chunk = _chunk_shape(lengths, kernel, b * heads, budget)
     ranges = [range(0, L, c) for L, c in zip(lengths, chunk, strict=True)]
     for starts in itertools.product(*ranges):
