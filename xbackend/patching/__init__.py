@@ -17,6 +17,10 @@
   (``ltx2_mlp.py``), and its ``tiled_decode`` runs ``vae_tile_decode`` (``ltx2_diffvae.py``): on this
   rank alone, or with ``decode_group`` spread over that process group's ranks, which must all decode the
   same latent (checked on each call).
+- ``WanTransformerBlock`` (Wan 2.x, ``wan.py``): its float32 ``FP32LayerNorm`` modulations as
+  ``layernorm_modulate``, each residual with the norm reading its sum as ``add_layernorm``, the FFN's
+  float32-gated residual as ``gated_residual``; the self-attention's RoPE as ``rotary_embedding`` where
+  Wan computes it in float32.
 
 Each fused call first checks that the op is the same expression for these inputs (dtypes, devices,
 shapes); when not, the model's own expression runs. Anything not recognised is left alone, patching
@@ -35,7 +39,7 @@ from typing import Any
 
 from torch import nn
 
-from . import ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp, ltx2_vae_blocks
+from . import ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp, ltx2_vae_blocks, wan
 from ._common import (
     KINDS,
     Findings,
@@ -53,6 +57,7 @@ __all__ = ["KINDS", "PATCHES", "PatchReport", "Site", "Skipped", "patch", "unpat
 
 _LTX2 = "diffusers.models.transformers.transformer_ltx2"
 _DIFFVAE = "diffusers.models.autoencoders.ltx2_diffusion_decoder"
+_WAN = "diffusers.models.transformers.transformer_wan"
 
 # "<module>.<qualname>" of a class -> (patch, unpatch). Exact classes only: a subclass may compute
 # something else. unpatch is None where removing the module's own overrides (forward, tiled_decode),
@@ -67,6 +72,8 @@ PATCHES: dict[str, tuple[Patch, Unpatch | None]] = {
     f"{_DIFFVAE}.LTX2VideoVaeSwiGLU": (ltx2_mlp.patch_swiglu, None),
     f"{_DIFFVAE}.LTX2VideoVaeNeighborhoodAttention": (ltx2_attention.patch_na_processor, ltx2_attention.unpatch_na_processor),
     f"{_DIFFVAE}.LTX2VideoDiffusionDecoderModel": (ltx2_diffvae.patch_tiled_decode, None),
+    f"{_WAN}.WanTransformerBlock": (wan.patch_block, None),
+    f"{_WAN}.WanAttention": (wan.patch_rope_processor, wan.unpatch_rope_processor),
 }
 
 

@@ -24,8 +24,8 @@ from torch.nn.modules import module as _module_mod
 from .._api import get_op
 
 # The kinds of site a patch can route through xbackend.
-KINDS = ("rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "rotary_embedding", "qk_norm_rope_3d", "neighborhood_attention",
-         "silu_mul", "tiled_decode")
+KINDS = ("rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "layernorm_modulate", "add_layernorm", "gated_residual", "rotary_embedding",
+         "qk_norm_rope_3d", "neighborhood_attention", "silu_mul", "tiled_decode")
 
 _RMSNORM = get_op("rmsnorm")
 _RMSNORM_MODULATE = get_op("rmsnorm_modulate")
