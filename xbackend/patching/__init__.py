@@ -21,6 +21,9 @@
   ``layernorm_modulate``, each residual with the norm reading its sum as ``add_layernorm``, the FFN's
   float32-gated residual as ``gated_residual``; the self-attention's RoPE as ``rotary_embedding`` where
   Wan computes it in float32.
+- ``Flux2TransformerBlock`` and ``Flux2SingleTransformerBlock`` (Flux.2, ``flux2.py``): their
+  ``nn.LayerNorm`` modulations, folded residual + norm, and gated residuals the same way, and
+  ``Flux2SwiGLU`` as ``silu_mul``.
 
 Each fused call first checks that the op is the same expression for these inputs (dtypes, devices,
 shapes); when not, the model's own expression runs. Anything not recognised is left alone, patching
@@ -39,7 +42,7 @@ from typing import Any
 
 from torch import nn
 
-from . import ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp, ltx2_vae_blocks, wan
+from . import flux2, ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp, ltx2_vae_blocks, wan
 from ._common import (
     KINDS,
     Findings,
@@ -58,6 +61,7 @@ __all__ = ["KINDS", "PATCHES", "PatchReport", "Site", "Skipped", "patch", "unpat
 _LTX2 = "diffusers.models.transformers.transformer_ltx2"
 _DIFFVAE = "diffusers.models.autoencoders.ltx2_diffusion_decoder"
 _WAN = "diffusers.models.transformers.transformer_wan"
+_FLUX2 = "diffusers.models.transformers.transformer_flux2"
 
 # "<module>.<qualname>" of a class -> (patch, unpatch). Exact classes only: a subclass may compute
 # something else. unpatch is None where removing the module's own overrides (forward, tiled_decode),
@@ -74,6 +78,9 @@ PATCHES: dict[str, tuple[Patch, Unpatch | None]] = {
     f"{_DIFFVAE}.LTX2VideoDiffusionDecoderModel": (ltx2_diffvae.patch_tiled_decode, None),
     f"{_WAN}.WanTransformerBlock": (wan.patch_block, None),
     f"{_WAN}.WanAttention": (wan.patch_rope_processor, wan.unpatch_rope_processor),
+    f"{_FLUX2}.Flux2TransformerBlock": (flux2.patch_double_block, None),
+    f"{_FLUX2}.Flux2SingleTransformerBlock": (flux2.patch_single_block, None),
+    f"{_FLUX2}.Flux2SwiGLU": (flux2.patch_swiglu, None),
 }
 
 
