@@ -24,6 +24,8 @@
 - ``Flux2TransformerBlock`` and ``Flux2SingleTransformerBlock`` (Flux.2, ``flux2.py``): their
   ``nn.LayerNorm`` modulations, folded residual + norm, and gated residuals the same way, and
   ``Flux2SwiGLU`` as ``silu_mul``.
+- ``QwenImageTransformerBlock`` (Qwen-Image, ``qwenimage.py``): the same sites, ``_modulate``'s
+  per-token ``modulate_index`` form (``zero_cond_t``) included.
 
 Each fused call first checks that the op is the same expression for these inputs (dtypes, devices,
 shapes); when not, the model's own expression runs. Anything not recognised is left alone, patching
@@ -42,7 +44,7 @@ from typing import Any
 
 from torch import nn
 
-from . import flux2, ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp, ltx2_vae_blocks, wan
+from . import flux2, ltx2_attention, ltx2_blocks, ltx2_diffvae, ltx2_mlp, ltx2_vae_blocks, qwenimage, wan
 from ._common import (
     KINDS,
     Findings,
@@ -62,6 +64,7 @@ _LTX2 = "diffusers.models.transformers.transformer_ltx2"
 _DIFFVAE = "diffusers.models.autoencoders.ltx2_diffusion_decoder"
 _WAN = "diffusers.models.transformers.transformer_wan"
 _FLUX2 = "diffusers.models.transformers.transformer_flux2"
+_QWEN = "diffusers.models.transformers.transformer_qwenimage"
 
 # "<module>.<qualname>" of a class -> (patch, unpatch). Exact classes only: a subclass may compute
 # something else. unpatch is None where removing the module's own overrides (forward, tiled_decode),
@@ -81,6 +84,7 @@ PATCHES: dict[str, tuple[Patch, Unpatch | None]] = {
     f"{_FLUX2}.Flux2TransformerBlock": (flux2.patch_double_block, None),
     f"{_FLUX2}.Flux2SingleTransformerBlock": (flux2.patch_single_block, None),
     f"{_FLUX2}.Flux2SwiGLU": (flux2.patch_swiglu, None),
+    f"{_QWEN}.QwenImageTransformerBlock": (qwenimage.patch_block, None),
 }
 
 
