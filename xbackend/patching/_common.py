@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.modules import module as _module_mod
 
 from .._api import get_op
+from ._sites import fused
 
 # The kinds of site a patch can route through xbackend.
 KINDS = ("rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "layernorm_modulate", "add_layernorm", "gated_residual", "rotary_embedding",
@@ -36,32 +37,6 @@ _QK_NORM_ROPE = get_op("qk_norm_rope")
 _SILU_MUL = get_op("silu_mul")
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 _MARK = "_xbackend_patch"
-
-# -- sites: which report entry each fused call serves ------------------------------------------------
-# (op, site kind, the module the report's path names or None, the op's arguments) -> the op's output.
-Observer = Callable[[Any, str, "nn.Module | None", tuple[Any, ...]], Any]
-_observer: Observer | None = None
-
-
-def fused(op: Any, kind: str, site: nn.Module | None, *args: Any) -> Any:
-    """``op(*args)``, the fused call of the report's ``kind`` site at module ``site`` (None: a call that
-    names no site, which ``xbackend.attribute`` cannot switch). With an observer installed (`observe`;
-    ``xbackend.attribute`` records and switches sites through one) the observer answers the call
-    instead; without, this costs one global read a call (within the noise of a 4 µs CPU op call,
-    measured)."""
-    observer = _observer
-    if observer is None:
-        return op(*args)
-    return observer(op, kind, site, args)
-
-
-def observe(observer: Observer | None) -> Observer | None:
-    """Install ``observer`` for every patched model in the process (None removes it); returns the one
-    it replaces."""
-    global _observer
-    previous, _observer = _observer, observer
-    return previous
-
 
 # -- report records ------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -366,27 +341,22 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, site: nn.Module | None = None
 
 def gated(x: torch.Tensor, update: torch.Tensor, gate: torch.Tensor, site: nn.Module | None = None) -> torch.Tensor:
     """``x + update * gate``, ``update`` the output of module ``site``. Sites written ``x + gate * update``
-    call this too: one multiply of two values commutes exactly in IEEE arithmetic, broadcasting and type
-    promotion included."""
+    call this too: one multiply of two values commutes exactly in IEEE arithmetic, broadcasting included."""
     if can_gate(x, update, gate):
         return fused(_GATED_RESIDUAL, "gated_residual", site, x, update, gate)
     return x + update * gate
 
 
-def rope_interleaved(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any],
-                     site: nn.Module | None = None) -> torch.Tensor:
-    """diffusers' ``apply_interleaved_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``, in the
-    attention ``site``."""
+def rope_interleaved(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any], site: nn.Module | None = None) -> torch.Tensor:
+    """diffusers' ``apply_interleaved_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding`` in ``site``."""
     cos, sin = freqs
     if can_rope(x, cos, sin):
         return fused(_ROTARY, "rotary_embedding", site, x, cos, sin, "interleaved")
     return original(x, freqs)
 
 
-def rope_split(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any],
-               site: nn.Module | None = None) -> torch.Tensor:
-    """diffusers' ``apply_split_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding``, in the
-    attention ``site``."""
+def rope_split(x: torch.Tensor, freqs: tuple[torch.Tensor, torch.Tensor], original: Callable[..., Any], site: nn.Module | None = None) -> torch.Tensor:
+    """diffusers' ``apply_split_rotary_emb(x, freqs)`` (``original``) as ``rotary_embedding`` in ``site``."""
     cos, sin = freqs
     if can_rope_split(x, cos, sin):
         return fused(_ROTARY, "rotary_embedding", site, x, cos, sin, "split")
@@ -400,8 +370,7 @@ def qk_norm_rope(
     """``rope(norm_q(query)), rope(norm_k(key))`` as one ``qk_norm_rope`` call, or None when these inputs
     are not that op (the caller then runs the two norms and two RoPEs). ``flavour`` is both norms'
     flavour, found fusable (and their eps equal) at patch time; ``layout`` the attention's RoPE
-    (diffusers' ``rope_type``: "interleaved" or "split"); ``site`` the attention (a "rotary_embedding"
-    site of the report)."""
+    (diffusers' ``rope_type``: "interleaved" or "split"); ``site`` the attention."""
     cos, sin = freqs
     can_rope_layout = can_rope if layout == "interleaved" else can_rope_split
     wq, wk = norm_q.weight, norm_k.weight

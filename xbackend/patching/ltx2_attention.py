@@ -27,7 +27,6 @@ from ._common import (
     can_rmsnorm,
     diffusers_mismatch,
     foreign_override,
-    fused,
     hookless_now,
     is_eps,
     ours_or_stock,
@@ -37,6 +36,7 @@ from ._common import (
     rope_split,
     same_parameters,
 )
+from ._sites import fused
 
 # -- the DiffVAE's neighborhood attention --------------------------------------------------------------
 _QK_NORM_ROPE_3D = get_op("qk_norm_rope_3d")
