@@ -1,7 +1,7 @@
 """``xbackend.attribute(model, *args, **kwargs)``: which patched site makes a patched model's output drift
 from its all-reference forward, which impl ran there, and by how much at the output.
 
-Every call a patched site makes goes through ``patching._common.fused``, naming its report entry (kind
+Every call a patched site makes goes through ``patching._sites.fused``, naming its report entry (kind
 and module). While an attribution runs, an observer answers those calls of this model:
 
 - the recording forward runs each call through the runtime as usual (the impl the tier picks), then the
@@ -21,114 +21,40 @@ one copy held.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
-from . import _active
-from ._policy import quality as quality_tier
-from ._policy import use
-from ._precision import EXACT, QUALITY_TIERS, ulp_distance
-from ._runtime import runtime
-from .patching import _common
+from ._attribute_session import (
+    REFERENCE_IMPL,
+    Progress,
+    Session,
+    SiteKey,
+    Tally,
+    distance,
+    observing,
+    random_state,
+)
+from ._policy import current_policy
+from ._precision import QUALITY_TIERS
 from .patching import patch as _patch
 
 __all__ = ["METHODS", "SCHEMA_VERSION", "Attribution", "KindRow", "SiteRow", "Suggestion", "attribute"]
 
 SCHEMA_VERSION = 1  # of the to_dict() / `xbackend attribute --json` document
 METHODS = ("auto", "bisect", "each")
-# "auto" runs each site alone up to this many switchable sites, and bisects beyond (measured on the tiny
-# LTX-2 DiT: docs in the module's report).
+# "auto" runs each site alone (and left out) up to this many switchable sites, and bisects beyond. On
+# examples/'s tiny LTX-2 DiT (76 sites; CPU, one thread) bisection took 41, 33, 21 and 11 forwards where
+# "each" took 43, 115, 103 and 115, for 20 of 20, 12 of 52, 6 of 46 and 0 of 52 switchable sites
+# drifting, with the same per-site output errors; below 8 sites the two cost about the same, and "each"
+# also leaves each site out.
 EACH_UP_TO = 8
-REFERENCE_IMPL = "xbackend:reference"
 _SHOW_PROGRESS_FROM = 5  # forwards: below this a progress bar is noise
-
-SiteKey = tuple[str, str]  # (module path, kind), as PatchReport lists a site
-
-
-@dataclass
-class _Tally:
-    """What the recording forward saw at one site, over all its calls."""
-
-    calls: int = 0
-    ops: dict[str, None] = field(default_factory=dict)  # ordered sets
-    impls: dict[str, str] = field(default_factory=dict)  # qualname -> declared precision
-    err: _Error = field(default_factory=lambda: _Error())
-
-
-@dataclass
-class _Error:
-    """A running relative Frobenius error (squared sums over every compared tensor), max |diff| and max
-    ulp; ``nonfinite`` when a NaN or infinity differs from the reference's."""
-
-    sq_diff: float = 0.0
-    sq_ref: float = 0.0
-    max_abs: float = 0.0
-    max_ulp: int | None = None
-    nonfinite: bool = False
-
-    def add(self, out: Any, ref: Any) -> None:
-        outs, refs = _tensors(out), _tensors(ref)
-        if len(outs) != len(refs):
-            raise ValueError(f"xbackend.attribute: compared outputs differ in structure: {len(outs)} tensors against {len(refs)}")
-        for o, r in zip(outs, refs, strict=True):
-            if o.shape != r.shape:
-                raise ValueError(f"xbackend.attribute: compared outputs differ in shape: {list(o.shape)} against {list(r.shape)}")
-            if not (o.is_floating_point() and r.is_floating_point()):
-                self.nonfinite |= not torch.equal(o, r)
-                continue
-            if o.dtype == r.dtype and torch.equal(o, r):  # most calls: one comparison, then the norm
-                norm = float(torch.linalg.vector_norm(r.float()))
-                if math.isfinite(norm):
-                    self.sq_ref += norm**2
-                    continue
-            o32, r32 = o.float(), r.float()
-            finite = o32.isfinite() & r32.isfinite()
-            same_special = (o32 == r32) | (o32.isnan() & r32.isnan())
-            if not bool((finite | same_special).all()):
-                self.nonfinite = True
-            d = (o32 - r32)[finite]
-            if d.numel():
-                self.sq_diff += float(torch.linalg.vector_norm(d)) ** 2
-                self.max_abs = max(self.max_abs, float(d.abs().max()))
-            self.sq_ref += float(torch.linalg.vector_norm(r32[finite])) ** 2
-            if o.dtype == r.dtype and o.dtype in (torch.float32, torch.float16, torch.bfloat16) and d.numel():
-                worst = int(ulp_distance(o[finite], r[finite]).max())
-                self.max_ulp = max(self.max_ulp or 0, worst)
-
-    @property
-    def relative(self) -> float:
-        if self.nonfinite:
-            return math.inf
-        return math.sqrt(self.sq_diff) / math.sqrt(self.sq_ref) if self.sq_ref > 0 else math.sqrt(self.sq_diff)
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    """The tensors of a model or op output, in order: tuples, lists, dicts (diffusers' BaseOutput is
-    one) and dataclasses are walked."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for item in out for t in _tensors(item)]
-    if isinstance(out, dict):
-        return [t for item in out.values() for t in _tensors(item)]
-    if hasattr(out, "__dataclass_fields__"):
-        return [t for name in out.__dataclass_fields__ for t in _tensors(getattr(out, name))]
-    return []
-
-
-def _distance(out: Any, ref: Any) -> tuple[float, float]:
-    e = _Error()
-    e.add(out, ref)
-    return e.relative, e.max_abs
 
 
 # -- results --------------------------------------------------------------------------------------------
@@ -219,7 +145,7 @@ class Attribution:
 
     def __init__(self, *, model_name: str, rows: tuple[SiteRow, ...], kinds: tuple[KindRow, ...],
                  divergence: tuple[float, float], noise: float, quality: str, method: str, forwards: int,
-                 seconds: float, notes: tuple[str, ...], session: _Session | None) -> None:
+                 seconds: float, notes: tuple[str, ...], session: Session | None) -> None:
         self.model_name = model_name
         self.rows = rows
         self._kinds = kinds
@@ -284,7 +210,8 @@ class Attribution:
         hidden = len(self.rows) - len(shown)
         if hidden:
             idle = sum(r.calls == 0 for r in self.rows if r not in shown)
-            lines.append(f"  {hidden} more sites with output and local error 0 ({idle} made no call)")
+            lead = f"{hidden} more sites" if shown else f"all {hidden} sites"
+            lines.append(f"  {lead}: output and local error 0 ({idle} made no call)")
         if self._kinds:
             lines.append("by kind (only that kind fast / every other kind fast):")
             for k in self._kinds:
@@ -303,144 +230,6 @@ class Attribution:
             "noise": _json_number(self.noise), "rows": [r.to_dict() for r in self.rows],
             "kinds": [k.to_dict() for k in self._kinds], "notes": list(self.notes),
         }  # fmt: skip
-
-
-# -- the session: one model, its inputs, the observer -----------------------------------------------------
-class _Progress:
-    def __init__(self, enabled: bool, total: int | None) -> None:
-        self.enabled, self.total, self.done, self.start = enabled, total, 0, time.perf_counter()
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        if self.enabled:
-            total = f"/{self.total}" if self.total else ""
-            sys.stderr.write(f"\rxbackend attribute: forward {self.done}{total} ({what})"[:120].ljust(80))
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.done:
-            sys.stderr.write(f"\rxbackend attribute: {self.done} forwards in {time.perf_counter() - self.start:.1f} s".ljust(80) + "\n")
-
-
-class _Session:
-    def __init__(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], tier: str, seed: int) -> None:
-        self.model, self.args, self.kwargs, self.tier, self.seed = model, args, kwargs, tier, seed
-        self.paths = {id(m): p for p, m in model.named_modules()}
-        self.generators = [(g, g.get_state()) for g in _generators((args, kwargs))]
-        self.recording = False
-        self.fast: frozenset[SiteKey] = frozenset()
-        self.tallies: dict[SiteKey, _Tally] = {}
-        self.exact: dict[str, list[str] | None] = {}  # op -> exact impls that ran every recorded call
-        self._exact_memo: dict[Any, list[str]] = {}
-        self.unlabelled = 0
-        self.baseline: Any = None
-        self.progress = _Progress(False, None)  # enabled once the number of forwards is known
-        self.forwards = 0
-
-    # The observer: every fused call of every patched model in the process comes here while it is installed.
-    def __call__(self, op: Any, kind: str, site: nn.Module | None, args: tuple[Any, ...]) -> Any:
-        path = self.paths.get(id(site)) if site is not None else None
-        if path is None:
-            self.unlabelled += site is None
-            return op(*args)
-        key = (path, kind)
-        if self.recording:
-            return self._record(key, op, args)
-        if key in self.fast:
-            return op(*args)
-        spec = op.spec
-        return spec.reference(*(args if len(args) == spec.positional_arity else spec.bind(*args)))
-
-    def _record(self, key: SiteKey, op: Any, args: tuple[Any, ...]) -> Any:
-        spec = op.spec
-        out = op(*args)
-        a = args if len(args) == spec.positional_arity else spec.bind(*args)
-        rt = _active.current() or runtime()
-        entry = rt._entry(op._key(*a))
-        impl = entry.impl if entry is not None and entry.impl is not None else rt.reference(spec.name)
-        tally = self.tallies.setdefault(key, _Tally())
-        tally.calls += 1
-        tally.ops[spec.name] = None
-        tally.impls[impl.qualname] = str(impl.precision)
-        tally.err.add(out, spec.reference(*a))  # the reference's output is dropped right after
-        exact = self._exact_impls(rt, spec, a)
-        known = self.exact.get(spec.name)
-        self.exact[spec.name] = exact if known is None else [n for n in known if n in exact]
-        return out
-
-    def _exact_impls(self, rt: Any, spec: Any, a: tuple[Any, ...]) -> list[str]:
-        """The impls with an exact contract that could run this call, in the resolver's order (the
-        reference last): what ``use(op=...)`` may force on it."""
-        memo_key = (spec.name, id(rt), spec.key(*a))
-        found = self._exact_memo.get(memo_key)
-        if found is None:
-            decisions = rt.decide(spec, a, rt.device(spec.device_of(a)), ("lossless", ()))
-            found = [("reference" if d.impl.qualname == REFERENCE_IMPL else d.impl.qualname) for d in decisions
-                     if d.reason is None and d.impl.precision == EXACT]
-            self._exact_memo[memo_key] = found
-        return found
-
-    def forward(self, fast: Iterable[SiteKey], what: str, record: bool = False) -> Any:
-        """One model call, every site in ``fast`` on the runtime and every other on the reference (with
-        ``record``: every site on the runtime, recorded), from the same random state."""
-        self.fast, self.recording = frozenset(fast), record
-        self.forwards += 1
-        try:
-            return self._call()
-        finally:
-            self.recording = False
-            self.progress.step(what)
-
-    def _call(self) -> Any:
-        for g, state in self.generators:
-            g.set_state(state)
-        torch.manual_seed(self.seed)
-        with torch.no_grad(), quality_tier(self.tier):
-            return self.model(*self.args, **self.kwargs)
-
-    def distance(self, fast: Iterable[SiteKey], what: str) -> float:
-        return _distance(self.forward(fast, what), self.baseline)[0]
-
-    def exact_mapping(self, kinds: list[str]) -> dict[str, str]:
-        ops = {op: None for key, t in self.tallies.items() if key[1] in kinds for op in t.ops}
-        return {op: (self.exact.get(op) or ["reference"])[0] for op in ops}
-
-    def verify(self, mapping: dict[str, str]) -> float:
-        """The model output's error against the baseline with ``mapping`` forced and no observer: the
-        suggestion as a user would apply it."""
-        with _random_state(self.model), use(**mapping):
-            out = self._call()
-        return _distance(out, self.baseline)[0]
-
-
-def _generators(obj: Any) -> list[torch.Generator]:
-    if isinstance(obj, torch.Generator):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [g for item in obj for g in _generators(item)]
-    if isinstance(obj, dict):
-        return [g for item in obj.values() for g in _generators(item)]
-    return []
-
-
-@contextlib.contextmanager
-def _random_state(model: nn.Module) -> Iterator[None]:
-    """Leave the process's random state (CPU and the model's CUDA devices) as it was."""
-    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices):
-        yield
-
-
-@contextlib.contextmanager
-def _observing(session: _Session) -> Iterator[None]:
-    previous = _common.observe(session)
-    if previous is not None:
-        _common.observe(previous)
-        raise RuntimeError("xbackend.attribute: another attribution is running in this process; one at a time")
-    try:
-        yield
-    finally:
-        _common.observe(None)
 
 
 # -- the measurement ---------------------------------------------------------------------------------------
@@ -466,8 +255,6 @@ def attribute(model: nn.Module, *args: Any, quality: str | None = None, method: 
     if method not in METHODS:
         raise ValueError(f"xbackend.attribute: argument 'method' expected one of {', '.join(map(repr, METHODS))}, "
                          f"got {method!r}")
-    from ._policy import current_policy
-
     tier = quality or current_policy()[0]
     report = _patch(model, only=())  # what is patched, changing nothing
     sites = [(s.path, s.kind) for s in report.sites if s.kind != "tiled_decode"]
@@ -475,23 +262,25 @@ def attribute(model: nn.Module, *args: Any, quality: str | None = None, method: 
         raise ValueError(f"xbackend.attribute: argument 'model' ({type(model).__name__}) has no patched site "
                          f"whose op can switch; call xbackend.patch(model) first")
     start = time.perf_counter()
-    session = _Session(model, args, kwargs, tier, seed)
-    show = progress if progress is not None else sys.stderr.isatty()
-    with _random_state(model), _observing(session):
+    session = Session(model, args, kwargs, tier, seed)
+    with random_state(model), observing(session):
         full = session.forward(sites, "recording", record=True)  # every site fast; kept to the next lines
         session.baseline = session.forward((), "all reference")
-        divergence = _distance(full, session.baseline)
+        divergence = distance(full, session.baseline)
         del full
         noise = session.distance((), "all reference again")
-        switchable = [k for k in sites if set(session.tallies.get(k, _Tally()).impls) - {REFERENCE_IMPL}]
+        switchable = [k for k in sites if set(session.tallies.get(k, Tally()).impls) - {REFERENCE_IMPL}]
         chosen = method if method != "auto" else ("each" if len(switchable) <= EACH_UP_TO else "bisect")
         kinds = list(dict.fromkeys(k for _, k in switchable))
-        expected = 2 * len(kinds) * (len(kinds) > 1) + (2 * len(switchable) if chosen == "each" else 0)
-        session.progress = _Progress(show and expected >= _SHOW_PROGRESS_FROM, expected if chosen == "each" else None)
+        # Forwards still to run: known for "each"; bisection runs at least as many as there are drifting sites.
+        expected = 2 * len(kinds) * (len(kinds) > 1) + (2 * len(switchable) if chosen == "each" else len(switchable))
+        enabled = progress if progress is not None else sys.stderr.isatty() and expected >= _SHOW_PROGRESS_FROM
+        session.progress = Progress(enabled, session.forwards, session.forwards + expected if chosen == "each" else None)
         try:
             kind_rows, alone, without = _measure(session, switchable, kinds, chosen, divergence[0], noise)
         finally:
             session.progress.close()
+            session.restore_generators()
     rows = _site_rows(session, sites, alone, without)
     notes = _notes(session, sites, report)
     return Attribution(model_name=type(model).__name__, rows=rows, kinds=kind_rows, divergence=divergence,
@@ -499,7 +288,7 @@ def attribute(model: nn.Module, *args: Any, quality: str | None = None, method: 
                        seconds=time.perf_counter() - start, notes=notes, session=session)
 
 
-def _measure(session: _Session, switchable: list[SiteKey], kinds: list[str], method: str, divergence: float,
+def _measure(session: Session, switchable: list[SiteKey], kinds: list[str], method: str, divergence: float,
              noise: float) -> tuple[tuple[KindRow, ...], dict[SiteKey, float], dict[SiteKey, float]]:
     by_kind = {k: [s for s in switchable if s[1] == k] for k in kinds}
     kind_alone: dict[str, float] = {}
@@ -529,7 +318,7 @@ def _measure(session: _Session, switchable: list[SiteKey], kinds: list[str], met
     return tuple(rows), alone, without
 
 
-def _bisect(session: _Session, group: list[SiteKey], error: float, noise: float, found: dict[SiteKey, float]) -> None:
+def _bisect(session: Session, group: list[SiteKey], error: float, noise: float, found: dict[SiteKey, float]) -> None:
     """Each site's output error alone, for a group whose sites fast together give ``error``: a group
     within the noise floor holds none that drifts (each gets 0), a single site's is its own, and any
     other group is halved and each half measured."""
@@ -541,10 +330,11 @@ def _bisect(session: _Session, group: list[SiteKey], error: float, noise: float,
         return
     half = len(group) // 2
     for part in (group[:half], group[half:]):
-        _bisect(session, part, session.distance(part, f"{len(part)} sites"), noise, found)
+        what = f"{len(part)} {part[0][1]} sites" if len(part) > 1 else f"{part[0][0]} alone"
+        _bisect(session, part, session.distance(part, what), noise, found)
 
 
-def _site_rows(session: _Session, sites: list[SiteKey], alone: dict[SiteKey, float],
+def _site_rows(session: Session, sites: list[SiteKey], alone: dict[SiteKey, float],
                without: dict[SiteKey, float]) -> tuple[SiteRow, ...]:
     rows = []
     for order, key in enumerate(sites):
@@ -560,7 +350,7 @@ def _site_rows(session: _Session, sites: list[SiteKey], alone: dict[SiteKey, flo
     return tuple(r for _, r in rows)
 
 
-def _notes(session: _Session, sites: list[SiteKey], report: Any) -> tuple[str, ...]:
+def _notes(session: Session, sites: list[SiteKey], report: Any) -> tuple[str, ...]:
     notes = [f"tiled_decode at {s.path or '<model>'}: a host-level op (no impl to switch); the sites its tiles "
              "run are attributed" for s in report.sites if s.kind == "tiled_decode"]
     idle = [k for k in sites if k not in session.tallies]
