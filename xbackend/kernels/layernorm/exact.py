@@ -1,9 +1,10 @@
 """The exact LayerNorm (+ adaLN modulate, + residual add) kernel: aten's thread block, emulated.
 
-A program loads R rows as a tile [R, A, K, B] whose axes are aten's (thread, loop step, vector lane):
-row element ``(k * A + a) * B + b`` is thread a's k-th vector, lane b. It computes each row's mean and
-rstd in ``compute_stats``' order (``primitives.row_moments``), then writes the output K vectors at a
-time, reloading x (from cache) instead of holding the tile in registers through the output phase.
+A program takes R rows; aten's block is emulated with an axis per thread: row element
+``(k * A + a) * B + b`` is thread a's k-th vector, lane b. K steps load [R, A, B] (every thread's k-th
+vector) and fold it into each thread's Welford state (``primitives.welford_vector``), then the
+states are merged in ``compute_stats``' order (``primitives.row_stats``), then K more steps reload
+the vectors (from cache) and write the output: the row is never held in registers whole.
 
 * ``RESIDUAL``: the row is first ``x + update`` or ``x + update * gate``, each step rounded to the
   promoted dtype (the gate's: x's own, or float32 under a half x) and the sum once to x's dtype, as
@@ -23,7 +24,13 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from xbackend.kernels.layernorm.primitives import affine, operand_ptrs, row_moments
+from xbackend.kernels.layernorm.primitives import (
+    affine,
+    operand_ptrs,
+    row_stats,
+    vectors_per_thread,
+    welford_vector,
+)
 from xbackend.kernels.rmsnorm.primitives import modulate
 
 
@@ -81,7 +88,7 @@ def _layernorm_exact_kernel(
     eps,
     D: tl.constexpr,
     R: tl.constexpr,  # rows per program
-    K: tl.constexpr,  # loop steps per emulated thread (padded to 2^n)
+    K: tl.constexpr,  # loop steps of the emulated threads: ceil(D / (A * B))
     A: tl.constexpr,  # emulated threads per row (aten's block)
     B: tl.constexpr,  # vector width (aten's vec_size)
     LANES: tl.constexpr,  # lanes of aten's shuffle tree
@@ -99,39 +106,42 @@ def _layernorm_exact_kernel(
 ):
     pid = tl.program_id(0).to(tl.int64)
     r1 = pid * R + tl.arange(0, R)
-    rr = r1[:, None, None, None]
-    toff = tl.arange(0, A)[None, :, None, None] * B + tl.arange(0, B)[None, None, None, :]
-    cols = toff + tl.arange(0, K)[None, None, :, None] * (A * B)
-    mask = (rr < M) & (cols < D)
-    mcols = cols
-    if WIDE:
-        mcols = cols.to(tl.int64)
-    sel = tl.zeros([R, 1, 1, 1], tl.int32)
+    rr = r1[:, None, None]
+    toff = tl.arange(0, A)[None, :, None] * B + tl.arange(0, B)[None, None, :]  # [1, A, B]: thread a's vector lanes
+    sel = tl.zeros([R, 1, 1], tl.int32)
     if INDEX:
         ro = r1 // idx_inner
         ri = r1 - ro * idx_inner
         pick = tl.load(idx_ptr + ro * idx_so + ri * idx_si, mask=r1 < M, other=0)
-        sel = (pick != 0).to(tl.int32)[:, None, None, None]
+        sel = (pick != 0).to(tl.int32)[:, None, None]
 
-    if RESIDUAL:
-        h = _residual(x_ptr, u_ptr, g_ptr, rr, mcols, mask, stride_xm, stride_um, g_inner, g_so, g_si, g_sc, g_ss,
-                      sel, GATE)  # fmt: skip
-        tl.store(h_ptr + rr * D + cols, h, mask=mask)
-        x = h.to(tl.float32)
-    else:
-        x = tl.load(x_ptr + rr * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    mean, rstd = row_moments(tl.reshape(x, [R, A, K * B]), eps, D, B, LANES, RSQRT, RECIP)
+    # Statistics: each emulated thread folds its k-th vector into its Welford state, k = 0, 1, ..
+    nvec = vectors_per_thread(D, A, B)
+    mean = tl.zeros([R, A], tl.float32)
+    m2 = tl.zeros([R, A], tl.float32)
+    for k in tl.static_range(K):
+        cols = toff + k * (A * B)
+        mask = (rr < M) & (cols < D)
+        mcols = cols
+        if WIDE:
+            mcols = cols.to(tl.int64)
+        if RESIDUAL:
+            h = _residual(x_ptr, u_ptr, g_ptr, rr, mcols, mask, stride_xm, stride_um, g_inner, g_so, g_si, g_sc, g_ss,
+                          sel, GATE)  # fmt: skip
+            tl.store(h_ptr + rr * D + cols, h, mask=mask)
+            xk = h.to(tl.float32)
+        else:
+            xk = tl.load(x_ptr + rr * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        mean, m2 = welford_vector(xk, mean, m2, nvec, k, RECIP)
+    mean, rstd = row_stats(mean, m2, nvec, eps, D, B, LANES, RSQRT, RECIP)
     if STORE_STAT:
         tl.store(mean_ptr + r1, mean, mask=r1 < M)
         tl.store(rstd_ptr + r1, rstd, mask=r1 < M)
 
-    # Output phase, one vector per emulated thread at a time: x is reloaded (cached), not kept live.
+    # Output, a vector per emulated thread at a time: x is reloaded (cached) rather than kept in registers.
     out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     mean = mean[:, None, None]
     rstd = rstd[:, None, None]
-    rr = r1[:, None, None]
-    sel = tl.reshape(sel, [R, 1, 1])
-    toff = tl.reshape(toff, [1, A, B])
     for k in tl.static_range(K):
         cols = toff + k * (A * B)
         cmask = cols < D

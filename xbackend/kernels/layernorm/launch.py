@@ -29,14 +29,16 @@ from xbackend.kernels.layernorm.supports import (
 )
 from xbackend.kernels.rmsnorm.numerics import RSQRT_MATH
 from xbackend.kernels.rmsnorm.supports import interpreting
-from xbackend.kernels.rmsnorm.tiles import bcast_layout, f32, last_pow2, meta, next_pow2
+from xbackend.kernels.rmsnorm.tiles import bcast_layout, f32, last_pow2, meta
 from xbackend.kernels.spans import wide
 
 MAX_PLANS = 4096  # launch plans kept per launcher (distinct input metadata)
 TILE_ELEMENTS = 4096  # narrow rows are batched until a program's tile holds about this many elements
 MAX_ROWS = 16
-SCHEDULE_LANES = 32  # one Triton lane per emulated thread of a 32-lane warp (4 warps for CUDA's 128 threads)
-MAX_WARPS = 8
+# One Triton lane per emulated thread: warps = threads / the vendor's warp (4 for CUDA's 128 threads, 16
+# wave64s for ROCm's 1024). With two emulated threads per lane (8 wave64s) the same gfx950 kernel took
+# 256 VGPRs and spilled; one per lane, 25 (xbackend fleet --compile, Triton 3.9).
+MAX_WARPS = 16
 NO_ROWS = (1, 0, 0)  # (inner, outer stride, inner stride) of an absent index
 NO_OPERAND = (1, 0, 0, 0, 0)  # (inner, outer stride, inner stride, column stride, table stride) of an absent operand
 
@@ -52,9 +54,9 @@ def rows_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def tile(d: int, num: LayerNormNumerics) -> tuple[int, int, int]:
-    """(K, A, B): aten's block of ``num.threads`` threads, each reading ceil(D/4 / threads) 4-vectors
-    (K padded to a power of two; every thread is kept, the empty ones change the combine's bits)."""
-    return next_pow2(-(-(d // VEC) // num.threads)), num.threads, VEC
+    """(K, A, B): aten's block of ``num.threads`` threads, each reading up to ceil(D/4 / threads)
+    4-vectors (every thread is kept: merging an empty one is not always a no-op)."""
+    return -(-(d // VEC) // num.threads), num.threads, VEC
 
 
 def _operand_layout(t: torch.Tensor, x: torch.Tensor, index: torch.Tensor | None) -> tuple[int, ...] | None:
@@ -116,7 +118,7 @@ def plan(num: LayerNormNumerics, x: torch.Tensor, update: torch.Tensor | None, g
     x2 = rows_of(x)
     u2 = rows_of(update) if update is not None else x2
     k, a, b = tile(max(d, VEC), num)
-    rows = max(1, min(MAX_ROWS, last_pow2(max(1, TILE_ELEMENTS // (k * a * b)))))
+    rows = max(1, min(MAX_ROWS, last_pow2(max(1, TILE_ELEMENTS // (k * a * b)))))  # per-step tile: [rows, a, b]
     table = index is not None and (scale is not None or gate is not None)
     idx_l = (x.shape[1], index.stride(0), index.stride(1)) if table else NO_ROWS
     lay = {}
@@ -155,7 +157,7 @@ def plan(num: LayerNormNumerics, x: torch.Tensor, update: torch.Tensor | None, g
         g_l=lay["g"],
         eps=f32(eps),
         consts=consts,
-        options={"num_warps": max(1, min(MAX_WARPS, a // SCHEDULE_LANES)), "enable_fp_fusion": False},
+        options={"num_warps": max(1, min(MAX_WARPS, a // num.warp)), "enable_fp_fusion": False},
         check_x=update is None and read_in_place(x, flavour),
         check_w=weight is not None and read_in_place(weight, flavour),
         check_b=bias is not None and read_in_place(bias, flavour),

@@ -1,11 +1,11 @@
 """Triton device helpers that reproduce aten's LayerNorm order (``numerics``' docstring spells it out).
 
-A thread's Welford loop is a fold over the last axis of its [R, A, N] elements by recursive halving
-with ``tl.split`` (the first half, then the second), each leaf knowing its step index J at compile
-time: the count after it is J + 1 for every thread that has the element, and the threads past the
-row's end keep their state (``tl.where``). The shuffle and shared-memory trees are halving trees over
-a size-2 axis, the lower half merging the upper one into itself (``cuWelfordCombine(own, other)``).
-None of it depends on Triton's register layout.
+A thread's Welford loop is folded one 4-element vector at a time (``welford_vector``: recursive halving
+of the vector with ``tl.split``, the first half, then the second), each element knowing its step index
+J at compile time: the count after it is J + 1 for every thread that has the element, and the threads
+past the row's end keep their state (``tl.where``). The shuffle and shared-memory trees are halving
+trees over a size-2 axis, the lower half merging the upper one into itself (``cuWelfordCombine(own,
+other)``). None of it depends on Triton's register layout.
 
 Callers compile with ``enable_fp_fusion=False``: every ``a * b + c`` here is two roundings unless it
 is spelled ``tl.fma`` (where nvcc contracts aten's expression).
@@ -71,67 +71,12 @@ def _fold4(x, mean, m2, nvec, J: tl.constexpr, B: tl.constexpr, RECIP: tl.conste
 
 
 @triton.jit
-def _fold8(x, mean, m2, nvec, J: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
-    lo, hi = _halves(x)
-    mean, m2 = _fold4(lo, mean, m2, nvec, J, B, RECIP)
-    return _fold4(hi, mean, m2, nvec, J + 4, B, RECIP)
-
-
-@triton.jit
-def _fold16(x, mean, m2, nvec, J: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
-    lo, hi = _halves(x)
-    mean, m2 = _fold8(lo, mean, m2, nvec, J, B, RECIP)
-    return _fold8(hi, mean, m2, nvec, J + 8, B, RECIP)
-
-
-@triton.jit
-def _fold32(x, mean, m2, nvec, J: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
-    lo, hi = _halves(x)
-    mean, m2 = _fold16(lo, mean, m2, nvec, J, B, RECIP)
-    return _fold16(hi, mean, m2, nvec, J + 16, B, RECIP)
-
-
-@triton.jit
-def _fold64(x, mean, m2, nvec, J: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
-    lo, hi = _halves(x)
-    mean, m2 = _fold32(lo, mean, m2, nvec, J, B, RECIP)
-    return _fold32(hi, mean, m2, nvec, J + 32, B, RECIP)
-
-
-@triton.jit
-def _fold128(x, mean, m2, nvec, J: tl.constexpr, B: tl.constexpr, RECIP: tl.constexpr):
-    lo, hi = _halves(x)
-    mean, m2 = _fold64(lo, mean, m2, nvec, J, B, RECIP)
-    return _fold64(hi, mean, m2, nvec, J + 64, B, RECIP)
-
-
-@triton.jit
-def welford_fold(x, nvec, B: tl.constexpr, RECIP: tl.constexpr):
-    """Each thread's Welford state (mean, m2) [R, A] after its elements x [R, A, N] in index order,
-    element j belonging to vector j // B; ``nvec`` [1, A]: the vectors each thread has."""
-    R: tl.constexpr = x.shape[0]
-    A: tl.constexpr = x.shape[1]
-    N: tl.constexpr = x.shape[2]
-    mean = tl.zeros([R, A], tl.float32)
-    m2 = tl.zeros([R, A], tl.float32)
-    if N == 1:
-        mean, m2 = _step(x, mean, m2, nvec, 0, B, RECIP)
-    elif N == 2:
-        mean, m2 = _fold2(x, mean, m2, nvec, 0, B, RECIP)
-    elif N == 4:
-        mean, m2 = _fold4(x, mean, m2, nvec, 0, B, RECIP)
-    elif N == 8:
-        mean, m2 = _fold8(x, mean, m2, nvec, 0, B, RECIP)
-    elif N == 16:
-        mean, m2 = _fold16(x, mean, m2, nvec, 0, B, RECIP)
-    elif N == 32:
-        mean, m2 = _fold32(x, mean, m2, nvec, 0, B, RECIP)
-    elif N == 64:
-        mean, m2 = _fold64(x, mean, m2, nvec, 0, B, RECIP)
-    else:
-        tl.static_assert(N == 128, "fold length must be a power of two <= 128")
-        mean, m2 = _fold128(x, mean, m2, nvec, 0, B, RECIP)
-    return mean, m2
+def welford_vector(x, mean, m2, nvec, k: tl.constexpr, RECIP: tl.constexpr):
+    """Each thread's Welford state [R, A] after its k-th vector x [R, A, B] (elements k*B .. k*B + B - 1
+    of its loop), for the threads that have a k-th vector (``nvec`` [1, A]: how many each has)."""
+    B: tl.constexpr = x.shape[2]
+    tl.static_assert(B == 4, "aten's vec_size is 4")
+    return _fold4(x, mean, m2, nvec, k * B, B, RECIP)
 
 
 @triton.jit
@@ -149,14 +94,26 @@ def welford_combine(own_mean, own_m2, own_n, mean, m2, n, RECIP: tl.constexpr):
 
 
 @triton.jit
+def _pair(v):
+    """[R, G, L] -> (v[..., :L/2], v[..., L/2:]), each taken from a size-2 axis by an integer sum of its
+    bits with zero: exact for every value (signed zeros and NaN payloads too) and, unlike ``tl.split``
+    of a lane-distributed axis, a plain cross-lane reduction for the compiler."""
+    y = tl.reshape(v.to(tl.int32, bitcast=True), [v.shape[0], v.shape[1], 2, v.shape[2] // 2])
+    j = tl.arange(0, 2)[None, None, :, None]
+    lo = tl.sum(tl.where(j == 0, y, 0), axis=2)
+    hi = tl.sum(tl.where(j == 1, y, 0), axis=2)
+    return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def welford_tree(mean, m2, n, RECIP: tl.constexpr):
     """Reduce [R, G, L] states over L like a shuffle-down tree (offsets L/2 .. 1, lane l merging lane
     l + offset into itself) or aten's shared-memory halving over warps -> [R, G]."""
     for _ in tl.static_range(MAX_TREE_LEVELS):  # exhausted levels emit nothing
         if mean.shape[2] > 1:
-            lo_mean, hi_mean = _halves(mean)
-            lo_m2, hi_m2 = _halves(m2)
-            lo_n, hi_n = _halves(n)
+            lo_mean, hi_mean = _pair(mean)
+            lo_m2, hi_m2 = _pair(m2)
+            lo_n, hi_n = _pair(n)
             mean, m2, n = welford_combine(lo_mean, lo_m2, lo_n, hi_mean, hi_m2, hi_n, RECIP)
     R: tl.constexpr = mean.shape[0]
     G: tl.constexpr = mean.shape[1]
@@ -164,17 +121,20 @@ def welford_tree(mean, m2, n, RECIP: tl.constexpr):
 
 
 @triton.jit
-def row_moments(x, eps, D: tl.constexpr, B: tl.constexpr, LANES: tl.constexpr, RSQRT: tl.constexpr,
-                RECIP: tl.constexpr):  # fmt: skip
-    """(mean, rstd) [R] of the fp32 tile x [R, A, K*B] (thread a's vectors k*A + a, k-major) in
-    compute_stats' order: per-thread Welford, a tree over each warp's lanes, a tree over the warps,
-    ``m2 / float(D)`` (IEEE division), ``rsqrt(var + eps)``."""
-    R: tl.constexpr = x.shape[0]
-    A: tl.constexpr = x.shape[1]
-    tl.static_assert(A % LANES == 0, "the emulated block is whole warps")
+def vectors_per_thread(D: tl.constexpr, A: tl.constexpr, B: tl.constexpr):
+    """[1, A]: how many B-vectors aten's thread a reads of a D-element row (a, a + A, .. < D / B)."""
     a = tl.arange(0, A)[None, :]
-    nvec = (D // B - a + A - 1) // A  # vectors of thread a: a, a + A, .. < D / B
-    mean, m2 = welford_fold(x, nvec, B, RECIP)
+    return (D // B - a + A - 1) // A
+
+
+@triton.jit
+def row_stats(mean, m2, nvec, eps, D: tl.constexpr, B: tl.constexpr, LANES: tl.constexpr, RSQRT: tl.constexpr,
+              RECIP: tl.constexpr):  # fmt: skip
+    """(mean, rstd) [R] from the threads' Welford states [R, A] in compute_stats' order: a tree over each
+    warp's lanes, a tree over the warps, ``m2 / float(D)`` (IEEE division), ``rsqrt(var + eps)``."""
+    R: tl.constexpr = mean.shape[0]
+    A: tl.constexpr = mean.shape[1]
+    tl.static_assert(A % LANES == 0, "the emulated block is whole warps")
     n = tl.zeros([R, A], tl.float32) + (nvec * B).to(tl.float32)
     mean, m2, n = welford_tree(tl.reshape(mean, [R, A // LANES, LANES]), tl.reshape(m2, [R, A // LANES, LANES]),
                                tl.reshape(n, [R, A // LANES, LANES]), RECIP)  # fmt: skip
@@ -213,8 +173,9 @@ __all__ = [
     "affine",
     "operand_ptrs",
     "recip",
-    "row_moments",
+    "row_stats",
+    "vectors_per_thread",
     "welford_combine",
-    "welford_fold",
     "welford_tree",
+    "welford_vector",
 ]
