@@ -14,7 +14,7 @@ from xbackend.fleet import compile as fc
 from xbackend.fleet._worker import CompileResult
 
 KERNEL_OPS = ("rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "rotary_embedding", "qk_norm_rope", "qk_norm_rope_3d",
-              "silu_mul")  # fmt: skip
+              "silu_mul", "layernorm_modulate", "add_layernorm")  # fmt: skip
 
 
 def _plan(op: str, chosen: str, quality: str = "lossless", dtype: str = "bfloat16") -> dict[str, str]:
@@ -32,6 +32,8 @@ CUDA_PLANS = [
     _plan("qk_norm_rope", "cuda:triton"),
     _plan("qk_norm_rope_3d", "cuda:triton"),
     _plan("silu_mul", "cuda:triton"),
+    _plan("layernorm_modulate", "cuda:triton"),
+    _plan("add_layernorm", "cuda:triton"),
     _plan("neighborhood_attention", "cuda:na_triton"),
 ]
 AMD_PLANS = [
@@ -103,6 +105,17 @@ def test_vendor_configs_come_from_each_vendors_launch_code(rows):
     (cuda,) = _ok(rows["h200"], "rmsnorm", "cuda:triton")[:1]
     (amd,) = _ok(rows["mi355x"], "rmsnorm", "rocm:triton")[:1]
     assert tuple(cuda["grid"]) == (16320,) and tuple(amd["grid"]) == (32640,)
+
+
+def test_layernorm_kernels_compile_for_sm100_without_spills():
+    """The LayerNorm kernels on Blackwell (sm100), every catalogue input (Flux.2, Qwen-Image's per-token
+    tables, Wan's float32 chain and gate): no spill, one lane per emulated aten thread (4 warps)."""
+    plans = [_plan(op, "cuda:triton") for op in ("layernorm_modulate", "add_layernorm")]
+    rows = fc.compile_target("b200", simulated("b200"), plans)
+    assert len(rows) == 7 and {r["arch"] for r in rows} == {"sm100"}, rows
+    for r in rows:
+        assert r["status"] == "ok" and r["problem"] == "" and r["spill_bytes"] == 0, r
+        assert r["kernel"] == "_layernorm_exact_kernel" and r["num_warps"] == 4 and r["registers"] > 0
 
 
 def test_lossless_and_high_share_one_compile(rows):

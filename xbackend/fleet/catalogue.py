@@ -120,6 +120,43 @@ def _qk3d(spatial: tuple[int, int, int], heads: int, head_dim: int, flavour: str
     return Shape(f"{label} {'x'.join(map(str, spatial))} h{heads} d{head_dim} {flavour}", make)
 
 
+def _layernorm(rows: int, d: int, flavour: str, mod: str, affine: bool, label: str) -> Shape:
+    """A DiT block's LayerNorm site: ``mod`` "chunk" is scale and shift as [1,1,D] chunks of one projected
+    table (Flux.2's [1,1,3D], Wan's [1,6,D]), "index" two [B,D] tables chunked from Qwen-Image's [2B,3D]
+    with a per-token index, "none" the plain norm. Flavour "fp32" modulates in float32."""
+
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        mdt = dtype if flavour == "torch" else torch.float32
+        x, index, sc, sh = _t((1, rows, d), dtype, device), None, None, None
+        if mod == "chunk":
+            shift, sc, _ = _t((1, 1, 3 * d), mdt, device).chunk(3, dim=-1)
+            sh = shift
+        elif mod == "index":
+            shift, sc, _ = (t.unflatten(0, (2, 1)) for t in _t((2, 3 * d), mdt, device).chunk(3, dim=-1))
+            sh, index = shift, _t((1, rows), torch.int64, device)
+        w, b = (_t((d,), mdt, device), _t((d,), mdt, device)) if affine else (None, None)
+        return (x, sc, sh, w, b, 1e-6, flavour, index)
+
+    return Shape(f"{label} [1,{rows},{d}] {flavour} mod {mod}{' w,b' if affine else ''}", make)
+
+
+def _add_layernorm(rows: int, d: int, flavour: str, gate: str, mod: str, affine: bool, label: str) -> Shape:
+    """A residual add and the LayerNorm that reads it: ``gate`` "x" (x's dtype) or "fp32" (Wan's float32
+    gate under a half x), a [1,1,D] chunk of a table; ``mod`` as in ``_layernorm``."""
+
+    def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        mdt = dtype if flavour == "torch" else torch.float32
+        x = _t((1, rows, d), dtype, device)
+        g = _t((1, 1, 3 * d), torch.float32 if gate == "fp32" else dtype, device).chunk(3, dim=-1)[2]
+        sc = sh = None
+        if mod == "chunk":
+            sh, sc, _ = _t((1, 1, 3 * d), mdt, device).chunk(3, dim=-1)
+        w, b = (_t((d,), mdt, device), _t((d,), mdt, device)) if affine else (None, None)
+        return (x, _t((1, rows, d), dtype, device), g, w, b, 1e-6, flavour, sc, sh, None)
+
+    return Shape(f"{label} [1,{rows},{d}] gate {gate} {flavour} mod {mod}{' w,b' if affine else ''}", make)
+
+
 def _silu_mul(shape: tuple[int, ...], label: str) -> Shape:
     def make(dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
         return (_t(shape, dtype, device), _t(shape, dtype, device))
@@ -165,6 +202,19 @@ CATALOGUES: dict[str, tuple[Shape, ...]] = {
         _add_norm((1, 10, 24, 24, 1024), "torch", False, "diffvae stage 2"),
         _add_norm((1, 5, 12, 12, 2048), "torch", False, "diffvae stage 1"),
         _add_norm((1, 8160, 4096), "diffusers", False, "dit"),
+    ),
+    # The LayerNorm DiT blocks: Flux.2 (4608 tokens at 1024x1024, D = 6144), Qwen-Image (6889 tokens at
+    # 1328x1328, D = 3072, per-token tables), Wan 2.x (32760 tokens of 5120, FP32LayerNorm).
+    "layernorm_modulate": (
+        _layernorm(4608, 6144, "torch", "chunk", False, "flux2"),
+        _layernorm(6889, 3072, "torch", "index", False, "qwen-image"),
+        _layernorm(32760, 5120, "fp32", "chunk", False, "wan"),
+        _layernorm(32760, 5120, "fp32", "none", True, "wan cross-attn norm"),
+    ),
+    "add_layernorm": (
+        _add_layernorm(4608, 6144, "torch", "x", "chunk", False, "flux2"),
+        _add_layernorm(6889, 3072, "torch", "x", "chunk", False, "qwen-image"),
+        _add_layernorm(32760, 5120, "fp32", "fp32", "none", True, "wan"),
     ),
     "gated_residual": (
         _gated(32640, 4096, "bcast", "dit"),
