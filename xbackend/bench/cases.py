@@ -58,11 +58,71 @@ def _add_norm(shape: tuple[int, ...], modulate: bool, bar: bool = False) -> Case
                 bytes_moved=(4 * n + d * (3 if modulate else 1)) * _E, bar=bar)
 
 
+def _table_chunks(dev: torch.device, g: torch.Generator, d: int, parts: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """[1,1,D] chunks of one [1,1,parts*D] modulation projection (strided views, as the models chunk it)."""
+    t = torch.randn((1, 1, parts * d), generator=g, device=dev, dtype=torch.float32) * 0.1
+    return t.to(dtype).chunk(parts, dim=-1)
+
+
+def _layernorm(name: str, rows: int, d: int, flavour: str, mod: str, affine: bool = False, bar: bool = False) -> Case:
+    """A DiT block's LayerNorm + modulate: ``mod`` "chunk" ([1,1,D] chunks of one table), "index" (two
+    [1,D] tables and a per-token index, half the tokens each), or "none"."""
+    mdt = BF16 if flavour == "torch" else torch.float32
+    msize = 2 if flavour == "torch" else 4
+
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        x, sc, sh, index = _rand((1, rows, d), dev, g), None, None, None
+        if mod == "chunk":
+            sh, sc, _ = _table_chunks(dev, g, d, 3, mdt)
+        elif mod == "index":
+            sh, sc = (torch.randn((2, 1, d), generator=g, device=dev).mul(0.1).to(mdt) for _ in range(2))
+            index = (torch.arange(rows, device=dev) >= rows // 2).view(1, rows)
+        w = b = None
+        if affine:
+            w, b = (torch.randn((d,), generator=g, device=dev).to(mdt) for _ in range(2))
+        return (x, sc, sh, w, b, 1e-6, flavour, index)
+
+    tables = {"chunk": 2 * d, "index": 4 * d, "none": 0}[mod] + (2 * d if affine else 0)
+    return Case("layernorm_modulate", f"{name} layernorm {flavour} [1,{rows},{d}] mod {mod}{' w,b' if affine else ''}",
+                make, bytes_moved=2 * rows * d * _E + tables * msize, bar=bar)
+
+
+def _add_layernorm(name: str, rows: int, d: int, flavour: str, gate: str, mod: bool, affine: bool = False,
+                   bar: bool = False) -> Case:  # fmt: skip
+    """A (gated) residual add and the LayerNorm that reads it: ``gate`` "none", "bf16" or "fp32" (Wan's)."""
+    mdt = BF16 if flavour == "torch" else torch.float32
+
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        x, u = _rand((1, rows, d), dev, g), _rand((1, rows, d), dev, g)
+        gt = None if gate == "none" else _table_chunks(dev, g, d, 3, torch.float32 if gate == "fp32" else BF16)[2]
+        sh, sc, _ = _table_chunks(dev, g, d, 3, mdt) if mod else (None, None, None)
+        w = b = None
+        if affine:
+            w, b = (torch.randn((d,), generator=g, device=dev).to(mdt) for _ in range(2))
+        return (x, u, gt, w, b, 1e-6, flavour, sc, sh, None)
+
+    msize = 2 if flavour == "torch" else 4
+    extra = (0 if gate == "none" else d * (4 if gate == "fp32" else 2)) + (2 * d * msize if mod else 0)
+    extra += 2 * d * msize if affine else 0
+    # x and update read once, the sum and the norm written once; the gate, scale and shift once
+    return Case("add_layernorm", f"{name} add+layernorm {flavour} [1,{rows},{d}] gate {gate}{' mod' if mod else ''}"
+                f"{' w,b' if affine else ''}", make, bytes_moved=4 * rows * d * _E + extra, bar=bar)
+
+
 def _gated(name: str, rows: int, d: int, gate: str, small: bool = False, bar: bool = False) -> Case:
     gate_shape = {"bcast": (1, 1, d), "full": (1, rows, d), "token": (1, rows, 1)}[gate]
     return Case("gated_residual", f"{name} {gate} [1,{rows},{d}]",
                 lambda dev, g: (_rand((1, rows, d), dev, g), _rand((1, rows, d), dev, g), _rand(gate_shape, dev, g)),
                 bytes_moved=(3 * rows * d + math.prod(gate_shape)) * _E, small=small, bar=bar or small)
+
+
+def _gated_f32(name: str, rows: int, d: int) -> Case:
+    """Wan's residual: a bf16 x gated by a [1,1,D] float32 chunk of its [1,6,D] table (one rounding)."""
+    def make(dev: torch.device, g: torch.Generator) -> tuple[Any, ...]:
+        gate = (torch.randn((1, 6, d), generator=g, device=dev) * 0.1).chunk(6, dim=1)[2]
+        return (_rand((1, rows, d), dev, g), _rand((1, rows, d), dev, g), gate)
+
+    return Case("gated_residual", f"{name} fp32 gate [1,{rows},{d}]", make, bytes_moved=3 * rows * d * _E + 4 * d)
 
 
 def _rope(rows: int, d: int, bar: bool = False) -> Case:
@@ -157,6 +217,19 @@ CASES: dict[str, list[Case]] = {
     # The DiffVAE's residual adds with the norm that reads them: stage 5 (modulated), stages 4 and 2.
     "add_rmsnorm": [_add_norm((1, 40, 96, 96, 256), True, True), _add_norm((1, 20, 48, 48, 512), False, True),
                     _add_norm((1, 10, 24, 24, 1024), False)],
+    # The LayerNorm DiT blocks: Flux.2 (4608 tokens of 6144), Qwen-Image (6889 tokens of 3072, per-token
+    # tables), Wan 2.x (32760 tokens of 5120, FP32LayerNorm's float32 chain).
+    "layernorm_modulate": [
+        _layernorm("flux2", 4608, 6144, "torch", "chunk", bar=True),
+        _layernorm("qwen-image", 6889, 3072, "torch", "index", bar=True),
+        _layernorm("wan", 32760, 5120, "fp32", "chunk", bar=True),
+        _layernorm("wan", 32760, 5120, "fp32", "none", affine=True),
+    ],
+    "add_layernorm": [
+        _add_layernorm("flux2", 4608, 6144, "torch", "bf16", True, bar=True),
+        _add_layernorm("qwen-image", 6889, 3072, "torch", "bf16", True, bar=True),
+        _add_layernorm("wan", 32760, 5120, "fp32", "fp32", False, affine=True, bar=True),
+    ],
     # LTX-2.3, Ideogram 4 and FLUX.2 DiT shapes, plus a per-token gate.
     "gated_residual": [
         _gated("ltx2", 32640, 4096, "bcast", bar=True),
@@ -167,6 +240,7 @@ CASES: dict[str, list[Case]] = {
         _gated("flux2", 512, 3072, "bcast", small=True),
         _gated("ltx2", 126, 2048, "full", small=True),
         _gated("ltx2", 8160, 4096, "token"),
+        _gated_f32("wan", 32760, 5120),
     ],
     # LTX-2 queries/keys: video self-attention, and the audio stream's.
     "rotary_embedding": [_rope(32640, 4096, True), _rope_split(32640, 32, 128, True), _rope(8160, 4096),
