@@ -70,7 +70,7 @@ def test_the_builtin_fleet_in_one_process_plans_as_deployed(builtin, capsys) -> 
     doc = json.loads(out)
     assert doc["schema_version"] == 3 and doc["command"] == "fleet" and doc["xbackend"] == xbackend.__version__
     assert [t["target"] for t in doc["targets"]] == list(BUILTIN_FLEET)
-    assert sum(len(t["plans"]) for t in doc["targets"]) == 324  # 6 targets x 9 ops x 3 dtypes x 2 tiers
+    assert sum(len(t["plans"]) for t in doc["targets"]) == 396  # 6 targets x 11 ops x 3 dtypes x 2 tiers
     assert seconds < 30  # ~0.5 s on a 2-core CPU box; one process, no subprocess per plan
     h200 = _plans(doc, "h200")
     assert h200[("gated_residual", "bfloat16", "lossless")]["chosen"] == "cuda:cuda_vec"
