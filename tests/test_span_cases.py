@@ -21,7 +21,7 @@ from xbackend.testing.conformance import _big_ok
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 SPAN_OPS = ["rmsnorm", "rmsnorm_modulate", "add_rmsnorm", "gated_residual", "silu_mul", "rotary_embedding",
-            "qk_norm_rope", "qk_norm_rope_3d"]  # fmt: skip
+            "qk_norm_rope", "qk_norm_rope_3d", "layernorm_modulate", "add_layernorm"]  # fmt: skip
 
 
 def _contiguous(args: tuple) -> tuple:

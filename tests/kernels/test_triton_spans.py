@@ -23,7 +23,7 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
-from xbackend.kernels import rmsnorm  # noqa: E402
+from xbackend.kernels import layernorm, rmsnorm  # noqa: E402
 from xbackend.kernels import triton_gated_residual as gated  # noqa: E402
 from xbackend.kernels import triton_qk_norm_rope as qk  # noqa: E402
 from xbackend.kernels import triton_qk_norm_rope_3d as qk3d  # noqa: E402
@@ -34,6 +34,7 @@ from xbackend.kernels.spans import INT32_LIMIT, span  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 NUM = rmsnorm.ROCM_NUMERICS if torch.version.hip else rmsnorm.CUDA_NUMERICS
+LN_NUM = layernorm.ROCM_LN_NUMERICS if torch.version.hip else layernorm.CUDA_LN_NUMERICS
 EPS = 1e-6
 BF16 = torch.bfloat16
 # Row strides just past 2**30: three rows span 2**31 + a few hundred elements. A multiple of 16 keeps
@@ -111,6 +112,20 @@ def test_rmsnorm_modulate_scale_and_shift_with_a_wide_column_stride(variant: str
     assert_same(fn(x, scale, shift, w, EPS, flavour), fn(x, *dense(scale, shift), w, EPS, flavour))
 
 
+@pytest.mark.parametrize("flavour", ["torch", "fp32"])
+def test_layernorm_scale_shift_and_gate_with_a_wide_column_stride(flavour: str) -> None:
+    """scale, shift and the gate [D] read with their column stride: the column index meets that stride."""
+    mdt = BF16 if flavour == "torch" else torch.float32
+    x, u = rand(2, 3, D, seed=1), rand(2, 3, D, seed=2)
+    scale, shift = spread((D,), (COL_APART,), mdt, seed=3), spread((D,), (COL_APART,), mdt, seed=4)
+    gate = spread((D,), (COL_APART,), seed=5)
+    run = functools.partial(layernorm.layernorm_modulate, numerics=LN_NUM)
+    assert_same(run(x, scale, shift, None, None, EPS, flavour), run(x, *dense(scale, shift), None, None, EPS, flavour))
+    add = functools.partial(layernorm.add_layernorm, numerics=LN_NUM)
+    got = add(x, u, gate, None, None, EPS, flavour, scale, shift)
+    assert_same(got, add(x, u, *dense(gate), None, None, EPS, flavour, *dense(scale, shift)))
+
+
 def _split_inputs(heads_apart: int):
     """q, k [1, 2, 3*64] and split-RoPE cos/sin [1, 3 heads, 2 tokens, 32] whose heads sit
     ``heads_apart`` elements apart (per-head tables sliced from a larger one)."""
@@ -173,6 +188,25 @@ GATES = {  # gate form -> (shape, strides) against x [3, 5, 64]
     "bcast": ((3, 1, 64), (ROWS_APART, 64, 1)),
     "token": ((3, 5, 1), (5 * GATE_ROWS_APART, GATE_ROWS_APART, 1)),
 }
+
+
+@pytest.mark.parametrize("flavour", ["torch", "fp32"])
+def test_layernorm_rows_and_row_broadcast_tables_a_wide_stride_apart(flavour: str) -> None:
+    """x, update rows and the [B, 1, D] scale, shift and gate rows 2**30 + 64 apart: 64-bit row indices."""
+    mdt = BF16 if flavour == "torch" else torch.float32
+    x, u = spread((3, 128), (ROWS_APART, 1), seed=1), spread((3, 128), (ROWS_APART, 1), seed=2)
+    run = functools.partial(layernorm.layernorm_modulate, numerics=LN_NUM)
+    assert_same(run(x, None, None, None, None, EPS, flavour), run(x.contiguous(), None, None, None, None, EPS, flavour))
+    xs, us = rand(3, 5, 128, seed=3), rand(3, 5, 128, seed=4)
+    scale = spread((3, 1, 128), (ROWS_APART, 128, 1), mdt, seed=5)
+    shift = spread((3, 1, 128), (ROWS_APART, 128, 1), mdt, seed=6)
+    gate = spread((3, 1, 128), (ROWS_APART, 128, 1), torch.float32, seed=7)
+    assert_same(run(xs, scale, shift, None, None, EPS, flavour), run(xs, *dense(scale, shift), None, None, EPS, flavour))
+    add = functools.partial(layernorm.add_layernorm, numerics=LN_NUM)
+    got = add(x, u, None, None, None, EPS, flavour)
+    assert_same(got, add(*dense(x, u), None, None, None, EPS, flavour))
+    got = add(xs, us, gate, None, None, EPS, flavour, scale, shift)
+    assert_same(got, add(xs, us, *dense(gate), None, None, EPS, flavour, *dense(scale, shift)))
 
 
 @pytest.mark.parametrize("form", list(GATES))
