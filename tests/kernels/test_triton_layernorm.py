@@ -12,6 +12,7 @@ bit against CUDA eager by the gpu-marked tests:
 
 from __future__ import annotations
 
+import inspect
 import os
 from fractions import Fraction
 
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
+import triton.language as tl
 import xbackend_cuda.launch as nvidia
 import xbackend_rocm.launch as amd
 
@@ -466,6 +468,15 @@ def test_misaligned_calls_fall_back_per_call_not_per_shape():
                                                                                  EPS, "torch", None))  # fmt: skip
     impl(aligned, None, None, None, None, EPS, "torch", None)
     assert len(calls) == 1
+
+
+def test_constexpr_record_names_the_kernels_constexprs_in_order():
+    """The launch passes every argument by position: the record's fields are the kernel's trailing
+    constexpr parameters, in signature order."""
+    kernel = LN.exact._layernorm_exact_kernel
+    params = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters.values())
+    constexprs = [p.name for p in params if p.annotation in (tl.constexpr, "tl.constexpr")]
+    assert constexprs == list(LN.exact.ExactConstexprs._fields) == [p.name for p in params[-len(constexprs):]]
 
 
 def test_the_vendor_launch_modules_serve_both_ops():

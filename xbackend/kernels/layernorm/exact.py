@@ -37,7 +37,7 @@ from xbackend.kernels.rmsnorm.primitives import modulate
 @triton.jit
 def _residual(x_ptr, u_ptr, g_ptr, rr, cols, mask, stride_xm, stride_um, g_inner, g_so, g_si, g_sc, g_ss, sel,
               GATE: tl.constexpr):  # fmt: skip
-    """x (or x + update [* gate] rounded like eager) as stored, in x's dtype."""
+    """``x + update`` (or ``x + update * gate``) rounded like eager, in x's dtype: the stored residual."""
     x = tl.load(x_ptr + rr * stride_xm + cols, mask=mask, other=0.0)
     u = tl.load(u_ptr + rr * stride_um + cols, mask=mask, other=0.0)
     if GATE:
