@@ -7,7 +7,7 @@ cuda/rocm backends blocked, so Liger's kernels serve every call they support and
 (Liger's impls rank below the builtins: priority 40).
 
     pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 -d .whl diffusers==0.42.1 importlib_metadata liger-kernel==0.8.5
+        --platform manylinux_2_28_x86_64 -d .whl diffusers==0.42.1 importlib_metadata liger-kernel==0.8.5 packaging
     # on the GPU machine (.whl/ carried):
     source benchmarks/_setup.sh && python3 -m pip install -q --no-build-isolation --no-deps -e plugins/xbackend-liger \
         && python3 lab/gpu/attribute_ltx2.py --out $OUT
