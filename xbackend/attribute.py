@@ -263,29 +263,34 @@ def attribute(model: nn.Module, *args: Any, quality: str | None = None, method: 
                          f"whose op can switch; call xbackend.patch(model) first")
     start = time.perf_counter()
     session = Session(model, args, kwargs, tier, seed)
-    with random_state(model), observing(session):
-        full = session.forward(sites, "recording", record=True)  # every site fast; kept to the next lines
-        session.baseline = session.forward((), "all reference")
-        divergence = distance(full, session.baseline)
-        del full
-        noise = session.distance((), "all reference again")
-        switchable = [k for k in sites if set(session.tallies.get(k, Tally()).impls) - {REFERENCE_IMPL}]
-        chosen = method if method != "auto" else ("each" if len(switchable) <= EACH_UP_TO else "bisect")
-        kinds = list(dict.fromkeys(k for _, k in switchable))
-        # Forwards still to run: known for "each"; bisection runs at least as many as there are drifting sites.
-        expected = 2 * len(kinds) * (len(kinds) > 1) + (2 * len(switchable) if chosen == "each" else len(switchable))
-        enabled = progress if progress is not None else sys.stderr.isatty() and expected >= _SHOW_PROGRESS_FROM
-        session.progress = Progress(enabled, session.forwards, session.forwards + expected if chosen == "each" else None)
-        try:
-            kind_rows, alone, without = _measure(session, switchable, kinds, chosen, divergence[0], noise)
-        finally:
-            session.progress.close()
-            session.restore_generators()
+    try:
+        with random_state(model), observing(session):
+            kind_rows, alone, without, divergence, noise, chosen = _run(session, sites, method, progress)
+    finally:
+        session.progress.close()
+        session.restore_generators()
     rows = _site_rows(session, sites, alone, without)
     notes = _notes(session, sites, report)
     return Attribution(model_name=type(model).__name__, rows=rows, kinds=kind_rows, divergence=divergence,
                        noise=noise, quality=tier, method=chosen, forwards=session.forwards,
                        seconds=time.perf_counter() - start, notes=notes, session=session)
+
+
+def _run(session: Session, sites: list[SiteKey], method: str, progress: bool | None) -> tuple[Any, ...]:
+    full = session.forward(sites, "recording", record=True)  # every site fast; kept to the next lines
+    session.baseline = session.forward((), "all reference")
+    divergence = distance(full, session.baseline)
+    del full
+    noise = session.distance((), "all reference again")
+    switchable = [k for k in sites if set(session.tallies.get(k, Tally()).impls) - {REFERENCE_IMPL}]
+    chosen = method if method != "auto" else ("each" if len(switchable) <= EACH_UP_TO else "bisect")
+    kinds = list(dict.fromkeys(k for _, k in switchable))
+    # Forwards still to run: known for "each"; bisection runs at least one a drifting site.
+    expected = 2 * len(kinds) * (len(kinds) > 1) + (2 * len(switchable) if chosen == "each" else len(switchable))
+    enabled = progress if progress is not None else sys.stderr.isatty() and expected >= _SHOW_PROGRESS_FROM
+    session.progress = Progress(enabled, session.forwards, session.forwards + expected if chosen == "each" else None)
+    kind_rows, alone, without = _measure(session, switchable, kinds, chosen, divergence[0], noise)
+    return kind_rows, alone, without, divergence, noise, chosen
 
 
 def _measure(session: Session, switchable: list[SiteKey], kinds: list[str], method: str, divergence: float,
